@@ -1,0 +1,57 @@
+"""The one exception tree users see.
+
+Every error aiq expects carries the process exit code of DESIGN.md and a message that says
+what to do next; the CLI prints it as one ``error: …`` line. Anything else is a bug.
+
+    AiqError                 exit 2 unless a subclass says otherwise
+    ├── UsageError           2  bad flag, config or environment
+    ├── InputError           2  a bad input file or line (names file, line, field)
+    ├── StoreError           2  the database cannot be opened or written
+    ├── StoreLocked          3  another run holds the store
+    ├── FatalProviderError   4  auth, quota, unknown model, unreachable endpoint
+    └── LimitReached         5  a limit the user set stopped the run (resumable)
+"""
+
+from __future__ import annotations
+
+
+class AiqError(Exception):
+    """Base of every error aiq expects; ``exit_code`` is what the CLI exits with."""
+
+    exit_code: int = 2
+
+
+class UsageError(AiqError):
+    """A flag, config value or environment setting is wrong."""
+
+
+class InputError(AiqError):
+    """An input file cannot be read, or (with ``--strict``) holds invalid lines."""
+
+
+class StoreError(AiqError):
+    """The job store cannot be opened, migrated or written."""
+
+
+class StoreLocked(AiqError):
+    """Another ``aiq run`` or ``aiq resume`` holds the store."""
+
+    exit_code = 3
+
+
+class FatalProviderError(AiqError):
+    """The provider refuses every request (auth, quota, model, endpoint): stop the run."""
+
+    exit_code = 4
+
+
+class LimitReached(AiqError):
+    """The run stopped at a limit the user set; ``aiq resume`` continues."""
+
+    exit_code = 5
+
+
+class Interrupted(AiqError):
+    """SIGINT/SIGTERM stopped the run after draining; ``aiq resume`` continues."""
+
+    exit_code = 130

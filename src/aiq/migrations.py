@@ -1,0 +1,73 @@
+"""Schema history: an append-only list of named migrations, recorded in the database.
+
+Never edit or reorder a migration that has shipped; add a new one. A store that records a
+migration this list does not know was written by a newer aiq and is refused.
+
+Why the keys look as they do: ``aiq add`` must take 100,000 lines/s. Rows are appended in
+rowid order (cheap) and deduplicated through small unique integer indexes (the first 8 bytes
+of a digest) rather than a 32-byte blob or a text key; the full digest is kept beside it.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "0001_initial",
+        """
+        CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+
+        CREATE TABLE sources (
+            id INTEGER PRIMARY KEY,
+            path TEXT NOT NULL UNIQUE,      -- resolved path of the input file
+            out_path TEXT NOT NULL,
+            dead_path TEXT NOT NULL,
+            added_at REAL NOT NULL
+        );
+
+        -- One row per distinct request (endpoint + body): it is sent at most once.
+        CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY,
+            k64 INTEGER NOT NULL UNIQUE,    -- first 8 bytes of key, as a signed integer
+            key BLOB NOT NULL,              -- full sha256 job key
+            endpoint TEXT NOT NULL,
+            body BLOB NOT NULL,             -- canonical JSON, exactly what is sent
+            state INTEGER NOT NULL DEFAULT 0,  -- 0 queued, 1 running, 2 done, 3 dead
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_at REAL NOT NULL DEFAULT 0,   -- not claimed before this (unix seconds)
+            lease_until REAL,
+            created_at REAL NOT NULL,
+            first_attempt_at REAL,
+            finished_at REAL,
+            status_code INTEGER,
+            error_type TEXT,
+            error_message TEXT,
+            request_id TEXT,
+            response BLOB,                  -- the provider's reply body, as received
+            tokens_in INTEGER,
+            tokens_out INTEGER,
+            latency_s REAL
+        );
+        CREATE INDEX jobs_state_next ON jobs (state, next_at);
+
+        -- One row per (input file, custom_id): what the user asked for, pointing at a job.
+        CREATE TABLE items (
+            id INTEGER PRIMARY KEY,
+            ck INTEGER NOT NULL UNIQUE,     -- 8 bytes of hash(source_id, custom_id)
+            source_id INTEGER NOT NULL REFERENCES sources (id),
+            custom_id TEXT NOT NULL,
+            job_k64 INTEGER NOT NULL,
+            line_no INTEGER NOT NULL,
+            line BLOB NOT NULL              -- the original input line
+        );
+
+        -- A custom_id re-pointed to a new request may leave its old job wanted by no item.
+        -- The trigger only notes it (rare, cheap); enqueue drops such jobs unless they ran.
+        -- No index on items.job_k64: it would cost `add` a third of its speed.
+        CREATE TABLE repointed (k64 INTEGER NOT NULL);
+        CREATE TRIGGER items_repoint AFTER UPDATE OF job_k64 ON items
+        BEGIN
+            INSERT INTO repointed (k64) VALUES (OLD.job_k64);
+        END;
+        """,
+    ),
+]
