@@ -185,10 +185,14 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def _input_field(path: str) -> str:
+    return "prompt" if path.endswith("/completions") else "input"
+
+
 def _request_text(path: str, body: dict) -> str:
     if path.endswith("/chat/completions"):
         return _messages_text(body)
-    return "\n".join(_texts(body.get("prompt" if path.endswith("/completions") else "input")))
+    return "\n".join(_texts(body.get(_input_field(path))))
 
 
 # -- the transport ----------------------------------------------------------------------------
@@ -272,8 +276,9 @@ class SimulatedTransport(httpx.AsyncBaseTransport):
                 f"Invalid prompt: it contains {PERMANENT_FAILURE_MARKER}, "
                 "which the simulated provider always rejects."
             )
+            param = "messages" if path.endswith("/chat/completions") else _input_field(path)
             payload = error_body(
-                message, type="invalid_request_error", code="invalid_prompt", param="messages"
+                message, type="invalid_request_error", code="invalid_prompt", param=param
             )
             return 400, payload, {}
         if int.from_bytes(draw[:8], "big") / 2**64 < self.transient_error_rate:
