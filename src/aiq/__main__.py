@@ -1,0 +1,5 @@
+"""``python -m aiq``."""
+
+from .cli import main
+
+main()

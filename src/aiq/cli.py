@@ -1,0 +1,359 @@
+"""The ``aiq`` command: parse flags into a Config, call the library, render the result.
+
+Errors aiq expects (AiqError) are caught once here and printed as one ``error: …`` line with
+the exit code they carry; anything else is a bug and shows its traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from . import runner
+from .config import Config
+from .errors import AiqError
+from .progress import LiveProgress, PlainProgress, fmt_duration
+from .store import EnqueueCounts, Stats
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Run large batches of prompts against LLM APIs: durable, resumable, rate-limited.",
+    pretty_exceptions_enable=False,
+)
+T = TypeVar("T")
+
+DbOpt = Annotated[
+    Path | None, typer.Option("--db", help="Store path [default: .aiq/aiq.db, or $AIQ_DB].")
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="YAML config [default: aiq.yaml if present].")
+]
+TracebackOpt = Annotated[bool, typer.Option("--traceback", help="Show tracebacks for errors.")]
+OutOpt = Annotated[
+    str | None, typer.Option("--out", help="Results file [default: <input>.results.jsonl].")
+]
+DeadOpt = Annotated[
+    str | None, typer.Option("--dead", help="Dead letters [default: <input>.dead.jsonl].")
+]
+ProviderOpt = Annotated[
+    str | None, typer.Option("--provider", help="openai | anthropic | simulated.")
+]
+BaseUrlOpt = Annotated[
+    str | None, typer.Option("--base-url", help="API base URL [env OPENAI_BASE_URL].")
+]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model for lines naming none.")]
+ConcurrencyOpt = Annotated[int | None, typer.Option("--concurrency", help="Requests in flight.")]
+RpmOpt = Annotated[int | None, typer.Option("--rpm", help="Requests per minute limit.")]
+TpmOpt = Annotated[int | None, typer.Option("--tpm", help="Tokens per minute limit.")]
+AttemptsOpt = Annotated[
+    int | None, typer.Option("--max-attempts", help="Failed attempts before a job is dead.")
+]
+TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Read timeout, seconds.")]
+OrderOpt = Annotated[
+    str | None, typer.Option("--order", help="Results order: done (finish time) | input.")
+]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="Refuse the whole file if any line is invalid.")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final summary.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")]
+WaitOpt = Annotated[
+    float, typer.Option("--wait", help="Wait up to SECONDS for another run to release the store.")
+]
+
+
+def _guard(show_traceback: bool, fn: Callable[[], T]) -> T:
+    """Run a command body: AiqError → one ``error:`` line and its exit code."""
+    try:
+        return fn()
+    except AiqError as exc:
+        if show_traceback:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        summary = getattr(exc, "summary", None)
+        if summary is not None:
+            _print_run_summary(summary, as_json=False)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _config(db: Path | None, config: Path | None, **flags: Any) -> Config:
+    return Config.resolve(config_path=config, flags={"db": db, **flags})
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _fancy() -> bool:
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+
+
+def _print_counts(path: Path, c: EnqueueCounts) -> None:
+    for bad in c.bad_lines[:50]:
+        print(f"invalid: {bad}", file=sys.stderr)
+    if len(c.bad_lines) > 50:
+        print(f"invalid: … and {len(c.bad_lines) - 50} more", file=sys.stderr)
+    print(
+        f"{path}: {c.new} new, {c.known} known, {c.changed} changed, {c.invalid} invalid "
+        f"({c.jobs_added} new requests to send)"
+    )
+
+
+@app.command()
+def add(
+    file: Annotated[Path, typer.Argument(help="JSONL file of prompts.")],
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    strict: StrictOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Enqueue a file without running it: prints new / known / changed / invalid."""
+
+    def body() -> None:
+        cfg = _config(db, config, model=model, strict=strict or None)
+        counts = asyncio.run(runner.add_file(cfg, file, out=out, dead=dead))
+        _print_counts(file, counts)
+
+    _guard(traceback, body)
+
+
+def _run(
+    input_path: Path | None, cfg: Config, out: str | None, dead: str | None,
+    quiet: bool, as_json: bool, wait: float,
+) -> None:  # fmt: skip
+    if quiet or as_json:
+        display: Any = None
+    elif _fancy():
+        display = LiveProgress(_console())
+    else:
+        display = PlainProgress(sys.stderr)
+    try:
+        summary = asyncio.run(
+            runner.run_batch(
+                cfg,
+                input_path=input_path,
+                out=out,
+                dead=dead,
+                on_progress=display,
+                handle_signals=True,
+                lock_wait_s=wait,
+            )
+        )
+    finally:
+        if display is not None:
+            display.close()
+    _print_run_summary(summary, as_json=as_json)
+    raise typer.Exit(summary.exit_code)
+
+
+def _print_run_summary(s: runner.RunSummary, *, as_json: bool) -> None:
+    p = s.progress
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "exit_code": s.exit_code,
+                    "stopped": s.stopped,
+                    "duration_s": round(s.duration_s, 3),
+                    "done_now": p.done_now,
+                    "dead_now": p.dead_now,
+                    "retries": p.retries,
+                    "tokens_in": p.tokens_in,
+                    "tokens_out": p.tokens_out,
+                    "status": s.stats.as_dict(),
+                    "outputs": [
+                        {
+                            "input": e.source,
+                            "results": e.results_path,
+                            "dead": e.dead_path,
+                            "results_count": e.results,
+                            "dead_count": e.dead,
+                        }
+                        for e in s.exports
+                    ],
+                }
+            )
+        )
+        return
+    if s.added is not None:
+        a = s.added
+        print(f"added: {a.new} new, {a.known} known, {a.changed} changed, {a.invalid} invalid")
+        for bad in a.bad_lines[:20]:
+            print(f"invalid: {bad}", file=sys.stderr)
+    c = s.stats.counts
+    print(
+        f"finished {p.done_now} and dead-lettered {p.dead_now} in "
+        f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {p.retries} retries, "
+        f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out"
+    )
+    print(
+        f"store: {c['done']} done, {c['dead']} dead, {c['queued']} queued, "
+        f"{c['running']} running of {s.stats.total}"
+    )
+    for e in s.exports:
+        print(f"results: {e.results_path} ({e.results} lines)")
+        print(f"dead letters: {e.dead_path} ({e.dead} lines)")
+    if s.stopped == "interrupted":
+        print("interrupted: run `aiq resume` to carry on where this stopped")
+    elif c["dead"]:
+        print("some jobs are dead: fix the cause, then `aiq replay-dead` and `aiq resume`")
+
+
+@app.command()
+def run(
+    file: Annotated[Path, typer.Argument(help="JSONL file of prompts.")],
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    provider: ProviderOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    rpm: RpmOpt = None,
+    tpm: TpmOpt = None,
+    max_attempts: AttemptsOpt = None,
+    timeout: TimeoutOpt = None,
+    order: OrderOpt = None,
+    strict: StrictOpt = False,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = 0.0,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
+
+    def body() -> None:
+        cfg = _config(
+            db, config, provider=provider, base_url=base_url, model=model,
+            concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
+            timeout_s=timeout, order=order, strict=strict or None,
+        )  # fmt: skip
+        _run(file, cfg, out, dead, quiet, as_json, wait)
+
+    _guard(traceback, body)
+
+
+@app.command()
+def resume(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    provider: ProviderOpt = None,
+    base_url: BaseUrlOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    rpm: RpmOpt = None,
+    tpm: TpmOpt = None,
+    max_attempts: AttemptsOpt = None,
+    timeout: TimeoutOpt = None,
+    order: OrderOpt = None,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = 0.0,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Carry on with what is queued or was running when a run stopped; export outputs."""
+
+    def body() -> None:
+        cfg = _config(
+            db, config, provider=provider, base_url=base_url, concurrency=concurrency,
+            rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
+        )  # fmt: skip
+        _run(None, cfg, out, dead, quiet, as_json, wait)
+
+    _guard(traceback, body)
+
+
+@app.command()
+def status(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Where the store stands: counts by state, rate, ETA, tokens, oldest waiting, errors."""
+
+    def body() -> None:
+        stats = asyncio.run(runner.store_status(_config(db, config)))
+        if as_json:
+            print(json.dumps(stats.as_dict()))
+        else:
+            _print_status(stats)
+
+    _guard(traceback, body)
+
+
+def _print_status(s: Stats) -> None:
+    c = s.counts
+    print(f"total {s.total} · {s.percent_done:.1f}% finished")
+    print(f"queued {c['queued']} · running {c['running']} · done {c['done']} · dead {c['dead']}")
+    print(
+        f"rate {s.rate_per_s:.2f}/s over the last minute · eta {fmt_duration(s.eta_s)}"
+        f" · oldest queued {fmt_duration(s.oldest_queued_s) if s.oldest_queued_s else '-'}"
+    )
+    print(f"tokens {s.tokens_in:,} in / {s.tokens_out:,} out")
+    if s.top_errors:
+        print("errors: " + ", ".join(f"{t} {n}" for t, n in s.top_errors))
+
+
+@app.command("replay-dead")
+def replay_dead(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    error: Annotated[
+        str | None, typer.Option("--error", help="Only dead jobs whose last error is TYPE.")
+    ] = None,
+    ids: Annotated[
+        list[str] | None, typer.Option("--id", help="Only this custom_id (repeatable).")
+    ] = None,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Move dead jobs back to the queue with attempts reset (then `aiq resume`)."""
+
+    def body() -> None:
+        n = asyncio.run(
+            runner.replay_dead(_config(db, config), error_type=error, custom_ids=tuple(ids or ()))
+        )
+        print(f"replayed {n} dead job(s); run `aiq resume` to send them")
+
+    _guard(traceback, body)
+
+
+@app.command()
+def export(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    order: OrderOpt = None,
+    traceback: TracebackOpt = False,
+) -> None:
+    """(Re)write results and dead-letter files from the store."""
+
+    def body() -> None:
+        exports = asyncio.run(
+            runner.export_outputs(_config(db, config, order=order), out=out, dead=dead)
+        )
+        for e in exports:
+            print(f"results: {e.results_path} ({e.results} lines)")
+            print(f"dead letters: {e.dead_path} ({e.dead} lines)")
+
+    _guard(traceback, body)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,142 @@
+"""Config: every setting of a run, resolved once and frozen.
+
+Precedence, lowest first: built-in defaults < the YAML config file < environment variables <
+command-line flags. This is the only module that reads environment variables or the config
+file; everything below the CLI receives a Config.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UsageError
+from .inputs import Defaults
+
+PROVIDERS = ("openai", "anthropic", "simulated")
+DEFAULT_DB = Path(".aiq") / "aiq.db"
+DEFAULT_CONFIG = Path("aiq.yaml")
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+SIMULATED_BASE_URL = "http://simulated.invalid/v1"
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything a run needs. Build it with :meth:`Config.resolve` (or directly in code)."""
+
+    db: Path = DEFAULT_DB
+    provider: str = "openai"
+    base_url: str = OPENAI_BASE_URL
+    # The name of the environment variable holding the key, and (never printed) its value.
+    api_key_env: str = DEFAULT_KEY_ENV
+    api_key: str | None = field(default=None, repr=False)
+    extra_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    system: str | None = None
+    concurrency: int = 32
+    rpm: int | None = None
+    tpm: int | None = None
+    max_attempts: int = 5
+    timeout_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
+    grace_s: float = 30.0
+    order: str = "done"
+    strict: bool = False
+    simulated_latency_s: float = 0.2
+    simulated_error_rate: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise UsageError(f"provider {self.provider!r}: use one of {', '.join(PROVIDERS)}")
+        for name in ("concurrency", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("rpm", "tpm"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"{name} must be positive, got {value}")
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise UsageError("timeouts must be positive")
+        if self.order not in ("done", "input"):
+            raise UsageError(f"order {self.order!r}: use 'done' or 'input'")
+
+    @property
+    def defaults(self) -> Defaults:
+        """Body defaults applied to input lines that leave them out."""
+        return Defaults(self.model, self.max_tokens, self.temperature, self.system)
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        config_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        flags: Mapping[str, Any] | None = None,
+    ) -> Config:
+        """Merge defaults < YAML file < environment < flags (flags of None are unset)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        path = config_path if config_path is not None else _default_config_path()
+        if path is not None:
+            values.update(_read_yaml(path))
+        if "OPENAI_BASE_URL" in env:
+            values["base_url"] = env["OPENAI_BASE_URL"]
+        if "AIQ_DB" in env:
+            values["db"] = env["AIQ_DB"]
+        set_flags = {k: v for k, v in (flags or {}).items() if v is not None}
+        values.update(set_flags)
+        if values.get("provider") == "simulated" and "base_url" not in set_flags:
+            values["base_url"] = SIMULATED_BASE_URL
+        key_env = values.get("api_key_env", DEFAULT_KEY_ENV)
+        values["api_key"] = env.get(key_env) or None
+        if "db" in values:
+            values["db"] = Path(values["db"])
+        try:
+            return cls(**values)
+        except TypeError as exc:  # a YAML value of the wrong type
+            raise UsageError(f"config: {exc}") from None
+
+    def with_(self, **changes: Any) -> Config:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+
+_FILE_KEYS = {f.name for f in fields(Config)} - {"api_key"}
+_ALIASES = {"timeout": "timeout_s", "connect_timeout": "connect_timeout_s", "grace": "grace_s"}
+
+
+def _default_config_path() -> Path | None:
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: config file not found") from None
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read config ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping of settings at the top level")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = _ALIASES.get(key, key)
+        if name not in _FILE_KEYS:
+            close = difflib.get_close_matches(str(key), [*_FILE_KEYS, *_ALIASES], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"{path}: unknown setting {key!r}{hint}")
+        out[name] = value
+    return out

@@ -1,0 +1,119 @@
+"""Results and dead-letter files: views of the store, replaced atomically.
+
+A file is written to a temporary sibling, flushed to disk, then renamed over the old one, so
+a crash mid-export leaves the previous complete file, never a torn or duplicated line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+from .store import DEAD, DONE, JobStore, Source
+
+_BUFFER = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """What one export wrote for one input file."""
+
+    source: str
+    results_path: str
+    dead_path: str
+    results: int
+    dead: int
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def _request_id(k64: int) -> str:
+    return f"batch_req_{k64 & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+class _AtomicFile:
+    """Write to ``<path>.tmp-<pid>``, fsync, then rename over ``path`` (owner-only, 0600)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.tmp = f"{path}.tmp-{os.getpid()}"
+
+    def __enter__(self) -> IO[bytes]:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
+        return self._f
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            if exc_type is None:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+        finally:
+            self._f.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+
+
+async def export_source(
+    store: JobStore,
+    source: Source,
+    *,
+    order: str = "done",
+    results_path: str | None = None,
+    dead_path: str | None = None,
+) -> Export:
+    """(Re)write one input file's results and dead-letter files from the store."""
+    results_path = results_path or source.out_path
+    dead_path = dead_path or source.dead_path
+    n_results = n_dead = 0
+    dumps = orjson.dumps
+    with _AtomicFile(results_path) as f:
+        async for row in store.result_rows(source, state=DONE, order=order):
+            custom_id, _line, _jid, k64, status, request_id, response = row[:7]
+            f.write(
+                dumps(
+                    {
+                        "id": _request_id(k64),
+                        "custom_id": custom_id,
+                        "response": {
+                            "status_code": status,
+                            "request_id": request_id,
+                            "body": orjson.Fragment(response),
+                        },
+                        "error": None,
+                    }
+                )
+            )
+            f.write(b"\n")
+            n_results += 1
+    with _AtomicFile(dead_path) as f:
+        async for row in store.result_rows(source, state=DEAD, order="input"):
+            custom_id, line, _jid, _k64, status, _rid, _resp, attempts = row[:8]
+            error_type, message, first_at, failed_at = row[8:12]
+            f.write(
+                dumps(
+                    {
+                        "custom_id": custom_id,
+                        "request": orjson.Fragment(line),
+                        "attempts": attempts,
+                        "error": {"type": error_type, "status_code": status, "message": message},
+                        "first_attempt_at": _iso(first_at),
+                        "failed_at": _iso(failed_at),
+                    }
+                )
+            )
+            f.write(b"\n")
+            n_dead += 1
+    return Export(source.path, results_path, dead_path, n_results, n_dead)

@@ -1,0 +1,6 @@
+"""Providers turn a request into a reply or a classified error; they never touch the store."""
+
+from .base import Provider, ProviderError, Reply, classify_status
+from .openai import OpenAIProvider
+
+__all__ = ["OpenAIProvider", "Provider", "ProviderError", "Reply", "classify_status"]

@@ -1,0 +1,116 @@
+"""What every provider returns: a Reply, or a ProviderError that says what to do about it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Protocol
+
+import httpx
+
+# status -> (error type, retryable, fatal). One table: the worker branches on the flags.
+_BY_STATUS: dict[int, tuple[str, bool, bool]] = {
+    400: ("invalid_request", False, False),
+    401: ("auth", False, True),
+    403: ("auth", False, True),
+    404: ("not_found", False, True),
+    408: ("timeout", True, False),
+    409: ("server", True, False),
+    413: ("invalid_request", False, False),
+    422: ("invalid_request", False, False),
+    425: ("server", True, False),
+    429: ("rate_limit", True, False),
+    500: ("server", True, False),
+    502: ("server", True, False),
+    503: ("server", True, False),
+    504: ("server", True, False),
+    529: ("server", True, False),
+}
+_FATAL_HINTS = {
+    "auth": "check the API key (environment variable {key_env}) and its permissions",
+    "not_found": "check --base-url and the model name",
+    "quota": "the account is out of quota or credit; add credit or raise the limit, then resume",
+}
+_TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A successful call: the raw body as received, plus what the store keeps about it."""
+
+    status_code: int
+    body: bytes
+    request_id: str | None
+    tokens_in: int
+    tokens_out: int
+
+
+class ProviderError(Exception):
+    """A failed call, classified. The worker acts on ``retryable`` / ``fatal``, not on type."""
+
+    def __init__(
+        self,
+        error_type: str,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retryable: bool = False,
+        fatal: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+        self.status_code = status_code
+        self.retryable = retryable
+        self.fatal = fatal
+        self.retry_after_s = retry_after_s
+
+
+class Provider(Protocol):
+    """Sends one request body to an endpoint; returns a Reply or raises ProviderError."""
+
+    async def send(self, endpoint: str, body: bytes) -> Reply: ...
+
+
+def classify_status(status: int, message: str, code: str | None = None) -> tuple[str, bool, bool]:
+    """(error type, retryable, fatal) for an HTTP error status and the provider's message."""
+    lowered = message.lower()
+    if code == "insufficient_quota" or "credit balance is too low" in lowered:
+        return "quota", False, True
+    if "context_length_exceeded" in (code or "") or "maximum context length" in lowered:
+        return "invalid_request", False, False
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
+    if 500 <= status < 600:
+        return "server", True, False
+    return "invalid_request", False, False
+
+
+def fatal_hint(error_type: str, key_env: str) -> str:
+    """What the user should fix after a fatal error of this type."""
+    return _FATAL_HINTS.get(error_type, "fix the provider settings").format(key_env=key_env)
+
+
+def retry_after_s(headers: httpx.Headers, message: str = "") -> float | None:
+    """The server's requested delay: retry-after-ms, retry-after (seconds or date), or text."""
+    if (ms := headers.get("retry-after-ms")) is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    if (value := headers.get("retry-after")) is not None:
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            try:
+                when = parsedate_to_datetime(value)
+                date = parsedate_to_datetime(headers.get("date", value))
+                return max(0.0, (when - date).total_seconds())
+            except (TypeError, ValueError):
+                pass
+    if m := _TRY_AGAIN.search(message):
+        seconds = float(m.group(1))
+        return seconds / 1000.0 if m.group(2).lower() == "ms" else seconds
+    return None

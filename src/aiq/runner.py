@@ -1,0 +1,268 @@
+"""The library behind each command: add, run/resume, status, replay-dead, export.
+
+Each function takes a Config and returns data; the CLI only parses flags and renders. Progress
+is reported through a callback, so nothing here knows about terminals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from .config import OPENAI_BASE_URL, Config
+from .errors import FatalProviderError, InputError, Interrupted, UsageError
+from .inputs import read_requests
+from .limiter import RateLimiter
+from .lock import StoreLock
+from .outputs import Export, export_source
+from .providers.openai import OpenAIProvider
+from .providers.simulated import SimulatedTransport
+from .store import EnqueueCounts, JobStore, Source, Stats
+from .transport import make_client
+from .worker import Progress, RetryPolicy, Worker
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """What a run or resume did, and where its outputs are."""
+
+    added: EnqueueCounts | None
+    progress: Progress
+    stats: Stats
+    exports: list[Export] = field(default_factory=list)
+    stopped: str | None = None  # None (ran to the end), "interrupted", "fatal"
+    duration_s: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """0 all done, 1 some dead, 4 fatal provider error, 130 interrupted (DESIGN.md)."""
+        if self.stopped == "fatal":
+            return FatalProviderError.exit_code
+        if self.stopped == "interrupted":
+            return Interrupted.exit_code
+        return 1 if any(e.dead for e in self.exports) else 0
+
+
+def default_outputs(input_path: Path) -> tuple[str, str]:
+    """``<stem>.results.jsonl`` and ``<stem>.dead.jsonl`` beside the input file."""
+    base = input_path.with_suffix("") if input_path.suffix else input_path
+    return f"{base}.results.jsonl", f"{base}.dead.jsonl"
+
+
+@contextlib.asynccontextmanager
+async def open_store(config: Config, *, readonly: bool = False) -> AsyncIterator[JobStore]:
+    """The store named by the config, closed on exit."""
+    store = await JobStore.open(config.db, readonly=readonly)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _enqueue(
+    store: JobStore, config: Config, path: Path, out: str | None, dead: str | None
+) -> tuple[Source, EnqueueCounts]:
+    resolved = path.resolve()
+    default_out, default_dead = default_outputs(resolved)
+    if config.strict:
+        bad = [b for b in read_requests(resolved, config.defaults) if not hasattr(b, "key")]
+        if bad:
+            listing = "\n".join(f"  {b}" for b in bad[:20])
+            more = f"\n  … and {len(bad) - 20} more" if len(bad) > 20 else ""
+            raise InputError(
+                f"{path}: {len(bad)} invalid line(s); nothing was enqueued (--strict):\n"
+                f"{listing}{more}"
+            )
+    source = await store.add_source(
+        str(resolved), out_path=out or default_out, dead_path=dead or default_dead
+    )
+    counts = await store.enqueue(source, read_requests(resolved, config.defaults))
+    return source, counts
+
+
+async def add_file(
+    config: Config, path: Path, *, out: str | None = None, dead: str | None = None
+) -> EnqueueCounts:
+    """Enqueue one JSONL file (idempotent); returns new / known / changed / invalid counts."""
+    async with open_store(config) as store:
+        return (await _enqueue(store, config, path, out, dead))[1]
+
+
+def _make_provider(config: Config) -> tuple[OpenAIProvider, httpx.AsyncClient]:
+    if config.provider == "anthropic":
+        raise UsageError("the anthropic provider is not available yet; use --provider openai")
+    if config.provider == "simulated":
+        transport = SimulatedTransport(
+            latency_s=config.simulated_latency_s,
+            transient_error_rate=config.simulated_error_rate,
+        )
+        client = httpx.AsyncClient(transport=transport)
+    else:
+        if not config.api_key and config.base_url.rstrip("/") == OPENAI_BASE_URL:
+            raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
+        client = make_client(
+            max_connections=config.concurrency,
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.timeout_s,
+        )
+    provider = OpenAIProvider(
+        client,
+        base_url=config.base_url,
+        api_key=config.api_key,
+        api_key_env=config.api_key_env,
+        extra_headers=config.extra_headers,
+    )
+    return provider, client
+
+
+def _estimator(config: Config) -> Callable[..., int] | None:
+    if not config.tpm:
+        return None
+    # About four bytes per token, plus the completion the request may ask for.
+    default_out = config.max_tokens or 256
+    return lambda job: len(job.body) // 4 + default_out
+
+
+async def run_batch(
+    config: Config,
+    *,
+    input_path: Path | None = None,
+    out: str | None = None,
+    dead: str | None = None,
+    on_progress: ProgressCallback | None = None,
+    progress_interval_s: float = 0.5,
+    handle_signals: bool = False,
+    lock_wait_s: float = 0.0,
+) -> RunSummary:
+    """``aiq run FILE`` (with ``input_path``) or ``aiq resume`` (without).
+
+    Holds the store's lock throughout, recovers jobs a dead run left ``running``, works until
+    nothing is due, then exports every input file's results and dead letters.
+    """
+    started = time.monotonic()
+    with StoreLock(config.db, wait_s=lock_wait_s):
+        async with open_store(config) as store:
+            added = None
+            if input_path is not None:
+                _source, added = await _enqueue(store, config, input_path, out, dead)
+            await store.recover_running()
+            provider, client = _make_provider(config)
+            stats = await store.stats()
+            progress = Progress(
+                total=stats.total, done=stats.counts["done"], dead=stats.counts["dead"]
+            )
+            worker = Worker(
+                store,
+                provider,
+                concurrency=config.concurrency,
+                limiter=RateLimiter(rpm=config.rpm, tpm=config.tpm),
+                retry=RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_cap_s),
+                progress=progress,
+                estimate_tokens=_estimator(config),
+            )
+            try:
+                stopped = await _work(worker, config, on_progress, progress_interval_s,
+                                      handle_signals)  # fmt: skip
+            finally:
+                await client.aclose()
+            exports = await _export_all(store, config, input_path, out, dead)
+            summary = RunSummary(added, progress, await store.stats(), exports, stopped)
+    summary.duration_s = time.monotonic() - started
+    if worker.fatal is not None:
+        summary.stopped = "fatal"
+        raise_fatal = FatalProviderError(
+            f"the provider refused the run: {worker.fatal.message}; every job is kept, "
+            "fix it and run `aiq resume`"
+        )
+        raise_fatal.summary = summary  # type: ignore[attr-defined]
+        raise raise_fatal
+    return summary
+
+
+async def _work(
+    worker: Worker,
+    config: Config,
+    on_progress: ProgressCallback | None,
+    interval_s: float,
+    handle_signals: bool,
+) -> str | None:
+    """Run the worker with a progress ticker and signal handling; returns why it stopped."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(worker.run())
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        worker.stop()
+        if signals > 1:  # a second signal abandons what is in flight; resume retries it
+            task.cancel()
+
+    if handle_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=interval_s)
+            if on_progress is not None:
+                on_progress(worker.progress)
+            if worker.stopping and signals and not task.done():
+                # Drain for at most grace_s, then abandon.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(task), config.grace_s)
+                task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+    if worker.fatal is not None:
+        return "fatal"
+    return "interrupted" if signals else None
+
+
+async def _export_all(
+    store: JobStore, config: Config, input_path: Path | None, out: str | None, dead: str | None
+) -> list[Export]:
+    sources = await store.sources()
+    if input_path is not None:
+        wanted = str(input_path.resolve())
+        sources = [s for s in sources if s.path == wanted]
+    elif (out or dead) and len(sources) > 1:
+        raise UsageError("--out/--dead need a single input file; this store has several")
+    return [
+        await export_source(store, s, order=config.order, results_path=out, dead_path=dead)
+        for s in sources
+    ]
+
+
+async def export_outputs(
+    config: Config, *, out: str | None = None, dead: str | None = None
+) -> list[Export]:
+    """``aiq export``: rewrite every input file's results and dead letters from the store."""
+    async with open_store(config, readonly=True) as store:
+        return await _export_all(store, config, None, out, dead)
+
+
+async def store_status(config: Config) -> Stats:
+    """``aiq status``: read-only, so it works while a run holds the store."""
+    async with open_store(config, readonly=True) as store:
+        return await store.stats()
+
+
+async def replay_dead(
+    config: Config, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
+) -> int:
+    """``aiq replay-dead``: dead jobs back to queued, attempts reset; returns how many."""
+    async with open_store(config) as store:
+        return await store.replay_dead(error_type=error_type, custom_ids=custom_ids)
