@@ -25,6 +25,7 @@ DEFAULT_CONFIG = Path("aiq.yaml")
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 SIMULATED_BASE_URL = "http://simulated.invalid/v1"
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+SIMULATED_MODEL = "aiq-simulated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class Config:
     grace_s: float = 30.0
     order: str = "done"
     strict: bool = False
-    simulated_latency_s: float = 0.2
+    simulated_latency_s: float = 0.5
     simulated_error_rate: float = 0.05
 
     def __post_init__(self) -> None:
@@ -96,8 +97,10 @@ class Config:
             values["db"] = env["AIQ_DB"]
         set_flags = {k: v for k, v in (flags or {}).items() if v is not None}
         values.update(set_flags)
-        if values.get("provider") == "simulated" and "base_url" not in set_flags:
-            values["base_url"] = SIMULATED_BASE_URL
+        if values.get("provider") == "simulated":
+            if "base_url" not in set_flags:
+                values["base_url"] = SIMULATED_BASE_URL
+            values.setdefault("model", SIMULATED_MODEL)
         key_env = values.get("api_key_env", DEFAULT_KEY_ENV)
         values["api_key"] = env.get(key_env) or None
         if "db" in values:

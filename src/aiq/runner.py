@@ -154,6 +154,12 @@ async def run_batch(
             added = None
             if input_path is not None:
                 _source, added = await _enqueue(store, config, input_path, out, dead)
+                if added.invalid and not added.valid:
+                    first = "\n".join(f"  {b}" for b in added.bad_lines[:5])
+                    raise InputError(
+                        f"{input_path}: no valid line in {added.invalid} (first ones below); "
+                        f"fix the file and run again:\n{first}"
+                    )
             await store.recover_running()
             provider, client = _make_provider(config)
             stats = await store.stats()

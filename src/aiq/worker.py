@@ -172,7 +172,7 @@ class Worker:
             elif o.state == DEAD:
                 p.dead += 1
                 p.dead_now += 1
-            else:
+            elif o.next_at:  # a retry; a fatal error's job is requeued with no retry time
                 p.retries += 1
 
     # -- the sending side ----------------------------------------------------------------

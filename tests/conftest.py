@@ -1,0 +1,61 @@
+"""Shared fixtures: a real fake server on 127.0.0.1 and real `aiq` subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakeserver import FakeServer  # noqa: E402
+
+API_KEY = "sk-test-0123456789abcdef-secret"
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with FakeServer(require_key=API_KEY) as s:
+        yield s
+
+
+def aiq_env(**extra: str) -> dict[str, str]:
+    """The environment of an aiq subprocess: a test key, no colour, no inherited AIQ_ vars."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIQ_", "OPENAI_"))}
+    env.update({"OPENAI_API_KEY": API_KEY, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+def aiq_cmd(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "aiq", *map(str, args)]
+
+
+def run_aiq(
+    *args: str | Path, cwd: Path, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``aiq ARGS`` to completion in ``cwd``; returns the completed process."""
+    return subprocess.run(
+        aiq_cmd(*args),
+        cwd=cwd,
+        env=env or aiq_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_prompts(path: Path, prompts: list[tuple[str, str]], *, mode: str = "w") -> None:
+    """Write prompt lines ``{"custom_id", "prompt"}``."""
+    with path.open(mode) as f:
+        for custom_id, prompt in prompts:
+            f.write(json.dumps({"custom_id": custom_id, "prompt": prompt}) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
