@@ -10,10 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fakeserver import FakeServer  # noqa: E402
+from fakeserver import FakeServer
 
 API_KEY = "sk-test-0123456789abcdef-secret"
 

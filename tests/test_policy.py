@@ -1,0 +1,142 @@
+"""Backoff, limiter, Retry-After and error classes: pure code, a fake clock, no sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiq import backoff
+from aiq.limiter import Budget, RateLimiter
+from aiq.providers.base import classify_status, retry_after_s
+
+
+@given(
+    attempt=st.integers(1, 200),
+    base=st.floats(0.001, 10),
+    cap=st.floats(0.01, 600),
+    r=st.floats(0, 1, exclude_max=True),
+)
+def test_backoff_is_full_jitter_under_the_exponential_cap(
+    attempt: int, base: float, cap: float, r: float
+) -> None:
+    d = backoff.delay(attempt, base_s=base, cap_s=cap, rand=lambda: r)
+    ceiling = min(cap, base * 2 ** (attempt - 1))
+    assert 0 <= d <= ceiling
+    assert d == pytest.approx(ceiling * r)
+
+
+@given(retry_after=st.floats(0, 3600), r=st.floats(0, 1), attempt=st.integers(1, 50))
+def test_backoff_never_retries_sooner_than_the_server_asked(
+    retry_after: float, r: float, attempt: int
+) -> None:
+    d = backoff.delay(attempt, retry_after_s=retry_after, rand=lambda: r)
+    assert retry_after <= d <= retry_after * 1.1 + 1e-9
+
+
+def test_backoff_rejects_attempt_zero() -> None:
+    with pytest.raises(ValueError):
+        backoff.delay(0)
+
+
+@given(
+    rpm=st.integers(1, 100_000),
+    gaps=st.lists(st.floats(0, 5), min_size=1, max_size=300),
+)
+def test_budget_never_admits_more_than_the_limit_plus_its_burst_in_any_minute(
+    rpm: int, gaps: list[float]
+) -> None:
+    budget = Budget(rpm, burst_s=1.0)
+    now, sends = 0.0, []
+    for gap in gaps:
+        now += gap
+        sends.append(now + budget.reserve(now))
+    interval = 60.0 / rpm
+    burst = max(1, int(1.0 / interval))
+    # Sends are spaced at least one interval apart once the burst is used up.
+    sends.sort()
+    for i in range(len(sends)):
+        j = i
+        while j < len(sends) and sends[j] < sends[i] + 60.0:
+            j += 1
+        assert j - i <= rpm + burst
+
+
+def test_budget_paces_evenly_with_no_burst() -> None:
+    budget = Budget(60, burst_s=0)  # one per second
+    waits = [budget.reserve(0.0) for _ in range(5)]
+    assert waits == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_limiter_pause_holds_every_caller() -> None:
+    clock = [100.0]
+    slept: list[float] = []
+
+    async def fake_sleep(s: float) -> None:
+        slept.append(s)
+
+    limiter = RateLimiter(clock=lambda: clock[0], sleep=fake_sleep)
+    limiter.pause(2.5)
+    asyncio.run(limiter.acquire())
+    clock[0] = 101.0
+    asyncio.run(limiter.acquire())
+    clock[0] = 103.0
+    asyncio.run(limiter.acquire())
+    assert slept == [2.5, 1.5]
+
+
+@pytest.mark.parametrize(
+    ("headers", "message", "expected"),
+    [
+        ({"retry-after-ms": "1500"}, "", 1.5),
+        ({"retry-after": "7"}, "", 7.0),
+        ({"retry-after": "0.25"}, "", 0.25),
+        (
+            {
+                "retry-after": "Wed, 21 Oct 2026 07:28:10 GMT",
+                "date": "Wed, 21 Oct 2026 07:28:00 GMT",
+            },
+            "",
+            10.0,
+        ),
+        ({}, "Rate limit reached. Please try again in 18.6s.", 18.6),
+        ({}, "Please try again in 120ms", 0.12),
+        ({"retry-after": "soon"}, "", None),
+        ({}, "no hint here", None),
+    ],
+)
+def test_retry_after_forms(headers: dict[str, str], message: str, expected: float | None) -> None:
+    got = retry_after_s(httpx.Headers(headers), message)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+@given(ms=st.integers(0, 10**9))
+def test_retry_after_ms_round_trips(ms: int) -> None:
+    assert retry_after_s(httpx.Headers({"retry-after-ms": str(ms)})) == pytest.approx(ms / 1000)
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "code", "expected"),
+    [
+        (400, "bad", None, ("invalid_request", False, False)),
+        (401, "Incorrect API key", "invalid_api_key", ("auth", False, True)),
+        (403, "nope", None, ("auth", False, True)),
+        (404, "model not found", "model_not_found", ("not_found", False, True)),
+        (429, "slow down", None, ("rate_limit", True, False)),
+        (429, "You exceeded your current quota", "insufficient_quota", ("quota", False, True)),
+        (400, "Your credit balance is too low", None, ("quota", False, True)),
+        (400, "maximum context length is 8192", None, ("invalid_request", False, False)),
+        (500, "oops", None, ("server", True, False)),
+        (503, "overloaded", None, ("server", True, False)),
+        (529, "overloaded", None, ("server", True, False)),
+        (599, "?", None, ("server", True, False)),
+        (418, "teapot", None, ("invalid_request", False, False)),
+    ],
+)
+def test_error_classes(
+    status: int, message: str, code: str | None, expected: tuple[str, bool, bool]
+) -> None:
+    assert classify_status(status, message, code) == expected
