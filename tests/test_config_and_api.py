@@ -90,3 +90,17 @@ def test_plain_progress_lines_have_timestamps_and_no_ansi() -> None:
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d done 4/10 \(50%\)", line)
     assert "in flight 3" in line and "retries 2" in line and "dead 1" in line
     assert "\x1b[" not in line
+
+
+def test_live_progress_renders_every_figure() -> None:
+    from rich.console import Console
+
+    from aiq.progress import LiveProgress
+
+    buf = io.StringIO()
+    live = LiveProgress(Console(file=buf, force_terminal=True, width=160))
+    live(Progress(total=200, done=50, dead=2, retries=7, in_flight=9, tokens_in=1234))
+    live.close()
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue())
+    for part in ("done 50/200", "in flight 9", "retries 7", "dead 2", "tokens 1,234 in"):
+        assert part in text

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import API_KEY, aiq_cmd, aiq_env, read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer
+from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
 
@@ -241,3 +242,32 @@ def test_demo_runs_on_the_simulated_provider(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr  # the sample holds one line that dead-letters
     assert len(read_jsonl(tmp_path / "prompts.results.jsonl")) == 99
     assert len(read_jsonl(tmp_path / "prompts.dead.jsonl")) == 1
+
+
+def test_batch_api_lines_reach_each_endpoint_and_results_match_openai_types(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    lines = [
+        {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]}},
+        {"custom_id": "comp", "method": "POST", "url": "/v1/completions",
+         "body": {"model": "gpt-3.5-turbo-instruct", "prompt": "once upon", "max_tokens": 5}},
+        {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "text-embedding-3-small", "input": "vector me"}},
+    ]  # fmt: skip
+    (tmp_path / "api.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    proc = run_aiq("run", "api.jsonl", "--base-url", server.base_url, cwd=tmp_path)
+
+    assert proc.returncode == 0, proc.stderr
+    by_id = {
+        r["custom_id"]: r["response"]["body"] for r in read_jsonl(tmp_path / "api.results.jsonl")
+    }
+    assert ChatCompletion.model_validate(by_id["chat"]).choices[0].message.content == (
+        server.reply_text("hello")
+    )
+    assert Completion.model_validate(by_id["comp"]).choices[0].text
+    assert CreateEmbeddingResponse.model_validate(by_id["emb"]).data[0].embedding
+    assert sorted(r.path for r in server.requests) == [
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+    ]  # fmt: skip
