@@ -1,0 +1,54 @@
+"""kill -9 at random moments, then resume: nothing finished is lost, nothing is written twice."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+from conftest import aiq_cmd, aiq_env, read_jsonl, run_aiq, write_prompts
+from fakeserver import FakeServer
+
+CONCURRENCY = 8
+
+
+def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
+    prompts = [(f"c{i}", f"crash test prompt {i}") for i in range(400)]
+    write_prompts(tmp_path / "k.jsonl", prompts)
+    rng = random.Random(1234)
+    kills = 0
+    with FakeServer(latency_s=0.02) as server:
+        args = ["--base-url", server.base_url, "--concurrency", str(CONCURRENCY)]
+        for i in range(10):
+            # `run` re-enqueues idempotently, so a kill during enqueue loses nothing either.
+            command = ("run", "k.jsonl", "--model", "m") if i % 2 == 0 else ("resume",)
+            proc = subprocess.Popen(
+                aiq_cmd(*command, *args),
+                cwd=tmp_path,
+                env=aiq_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(rng.uniform(0.3, 1.2))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+            proc.wait(timeout=30)
+        final = run_aiq("run", "k.jsonl", "--model", "m", *args, cwd=tmp_path)
+        assert final.returncode == 0, final.stderr
+
+    assert kills >= 5  # most cycles really were cut short
+    results = read_jsonl(tmp_path / "k.results.jsonl")
+    by_id = {r["custom_id"]: r for r in results}
+    assert len(results) == len(by_id) == len(prompts)  # each custom_id exactly once
+    for custom_id, prompt in prompts:
+        body = by_id[custom_id]["response"]["body"]
+        assert body["choices"][0]["message"]["content"] == server.reply_text(prompt)
+    sent = Counter(r.prompt for r in server.requests)
+    assert set(sent) == {p for _, p in prompts}
+    # A prompt is sent again only if it was in flight when a kill landed.
+    resent = sum(n - 1 for n in sent.values())
+    assert resent <= kills * CONCURRENCY
