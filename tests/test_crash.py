@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
-from conftest import aiq_cmd, aiq_env, read_jsonl, run_aiq, write_prompts
+from conftest import read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
 CONCURRENCY = 8
@@ -25,13 +24,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
         for i in range(10):
             # `run` re-enqueues idempotently, so a kill during enqueue loses nothing either.
             command = ("run", "k.jsonl", "--model", "m") if i % 2 == 0 else ("resume",)
-            proc = subprocess.Popen(
-                aiq_cmd(*command, *args),
-                cwd=tmp_path,
-                env=aiq_env(),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            proc = start_aiq(*command, *args, cwd=tmp_path)
             time.sleep(rng.uniform(0.3, 1.2))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import API_KEY, aiq_cmd, aiq_env, read_jsonl, run_aiq, write_prompts
+from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
@@ -92,14 +91,8 @@ def test_sigint_drains_then_resume_finishes_without_resending(tmp_path: Path) ->
     prompts = _prompts(300)
     write_prompts(tmp_path / "big.jsonl", prompts)
     with FakeServer(latency_s=0.05) as server:
-        proc = subprocess.Popen(
-            aiq_cmd("run", "big.jsonl", *_run_args(server, "--concurrency", "8")),
-            cwd=tmp_path,
-            env=aiq_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        args = _run_args(server, "--concurrency", "8")
+        proc = start_aiq("run", "big.jsonl", *args, cwd=tmp_path, capture=True)
         deadline = time.monotonic() + 30
         while len(server.requests) < 60 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -200,13 +193,7 @@ def test_bad_key_stops_the_run_and_keeps_every_job(tmp_path: Path, server: FakeS
 def test_second_run_on_the_same_store_exits_3(tmp_path: Path) -> None:
     write_prompts(tmp_path / "a.jsonl", _prompts(200))
     with FakeServer(latency_s=0.05) as server:
-        first = subprocess.Popen(
-            aiq_cmd("run", "a.jsonl", *_run_args(server, "--concurrency", "4")),
-            cwd=tmp_path,
-            env=aiq_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        first = start_aiq("run", "a.jsonl", *_run_args(server, "--concurrency", "4"), cwd=tmp_path)
         try:
             deadline = time.monotonic() + 20
             while not server.requests and time.monotonic() < deadline:
