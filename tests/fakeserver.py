@@ -1,4 +1,4 @@
-"""A real OpenAI-compatible HTTP server on 127.0.0.1, for tests and benchmarks.
+"""A real OpenAI-compatible HTTP server on 127.0.0.1 that enforces rate limits and injects faults.
 
 From a sync pytest test::
 
@@ -8,23 +8,57 @@ From a sync pytest test::
 
 As a process, for benchmarks (prints ``READY <port>`` once it listens, serves until killed)::
 
-    python tests/fakeserver.py --port 0 --latency 0
+    python tests/fakeserver.py --port 0 --latency 0 [--rpm 6000 --limit-window 1 ...]
 
 It deliberately imports nothing from ``aiq``: it is the oracle aiq is tested against, so a bug in
 aiq's own reply builders (``aiq.providers.simulated``) must not be able to agree with itself here.
 ``tests/test_fakeserver.py`` pins both to the same truth, the official ``openai`` response types.
 
 Behaviour knobs are plain attributes, read on every request, so a test may change them while the
-server runs (e.g. set ``reject_marker = None`` and replay the dead letters):
+server runs (e.g. set ``reject_marker = None`` and replay the dead letters). With every knob at its
+default the server answers every well-formed request 200 at once.
 
-- ``reject_marker``: a request whose text contains it gets 400 ``invalid_request_error``.
-- ``transient_rate``: the fraction of requests answered 500 or 429 (+ ``retry-after``). The draw
-  hashes the seed, the request body and how often that body was seen before, so a run is
-  reproducible and a retried request gets a fresh draw.
-- ``latency_s``: seconds slept before answering (no sleep at all when 0, for throughput).
+Refusals, whatever the request says:
+
+- ``outage_until`` (a ``time.monotonic()`` value; or call ``start_outage(seconds)``): until then
+  every request, ``/v1/models`` too, gets 503 (or, with ``outage_fault="reset"``, a reset). The
+  provider is down, so these count against no rate limit.
+- ``require_key``: 401 unless ``Authorization: Bearer <require_key>``.
 - ``status_for_all``: answer every request with this status and OpenAI's error body for it
   (401 bad key, 403, 404 unknown model, 429 quota, 500, 503).
-- ``require_key``: 401 unless ``Authorization: Bearer <require_key>``.
+
+Rate limits, as OpenAI enforces them (see ``_RateLimiter``):
+
+- ``rpm``, ``tpm``: requests and tokens per minute (None: unlimited). A request costs its prompt
+  tokens, estimated as the reply's ``usage`` counts them, plus ``max_completion_tokens`` (or
+  ``max_tokens``) times ``n``: :func:`request_tokens`. One over the limit gets 429 with OpenAI's
+  message and ``retry-after`` / ``retry-after-ms``, and is not counted. Every reply to a POST
+  carries the ``x-ratelimit-*`` headers of the limits that are set (none when none are).
+- ``limit_window_s``: 60 enforces per minute; 1 enforces ``rpm / 60`` and ``tpm / 60`` per second,
+  as providers may (choose limits divisible by 60 then). The window slides: no span of
+  ``limit_window_s`` seconds ever admits more than the limit.
+
+Faults, for the requests the limiter admitted:
+
+- ``reject_marker``: a request whose text contains it gets a permanent 400.
+- ``reject_rate``: the share of prompts that always get a permanent 400 (drawn from the seed and
+  the prompt, so a retry gets it again; :meth:`FakeServer.would_reject` tells which).
+- ``transient_rate``: the share of attempts answered 500 or 429 (+ ``retry-after`` from
+  ``retry_after_s``; this 429 does not come from the limiter).
+- ``error_500_rate``, ``error_503_rate``: the share answered 500 / 503 with OpenAI's bodies.
+- ``reset_rate``: the share whose TCP connection is reset, without a byte of reply.
+- ``hang_rate``: the share answered only after ``hang_s`` more seconds (past a client's timeout).
+- ``malformed_rate``: the share answered 200 with a body cut off mid-JSON, or a JSON object that
+  lacks ``choices`` (``data`` for embeddings).
+
+The per-attempt shares are slices of one draw, in that order, so they exclude one another and add
+up: ``error_500_rate=0.05, reset_rate=0.02`` fails 7% of attempts. The draw hashes the seed, the
+request body and how often that body reached this point before, so a run is reproducible and a
+retried request gets a fresh draw.
+
+- ``latency_s``: seconds slept before answering (no sleep at all when 0, for throughput). Outages
+  and rate-limit 429s are answered at once, as a gateway in front of the model would.
+- ``record``: keep the request log (``requests``); off for benchmarks.
 """
 
 from __future__ import annotations
@@ -34,11 +68,14 @@ import asyncio
 import contextlib
 import hashlib
 import math
+import socket
+import struct
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass
-from typing import Any
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import orjson
 from aiohttp import web
@@ -213,9 +250,198 @@ _BUILDERS = {
 }
 
 
+ORGANIZATION = "org-fake"
+_RATE_LIMIT_HELP = "Visit https://platform.openai.com/account/rate-limits to learn more."
+
+
+def request_tokens(path: str, body: Any) -> int:
+    """The tokens a request counts against TPM: prompt tokens plus ``max_tokens`` times ``n``.
+
+    That is how OpenAI counts a request before it runs. The prompt tokens are estimated exactly as
+    the reply's ``usage.prompt_tokens`` is, so a client can settle its estimate against the reply.
+    ``max_completion_tokens`` wins over the older ``max_tokens``; with neither, nothing is added.
+    """
+    if not isinstance(body, dict):
+        return 0
+    reserved = _count(body.get("max_completion_tokens"))
+    if reserved is None:
+        reserved = _count(body.get("max_tokens")) or 0
+    return _tokens(_all_text(path, body)) + reserved * (_count(body.get("n")) or 1)
+
+
+def _count(value: Any) -> int | None:
+    """``value`` if it is a whole number of things (not a bool, not negative), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def openai_duration(seconds: float) -> str:
+    """``seconds`` as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``120ms``, ``59.99s``,
+    ``6m0s``, ``1h2m5.5s`` (Go's duration format, to the millisecond)."""
+    ms = max(0, round(seconds * 1000))
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0s"
+    hours, ms = divmod(ms, 3_600_000)
+    minutes, ms = divmod(ms, 60_000)
+    text = f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    return f"{hours}h{text}" if hours else text
+
+
+def malformed_body(payload: dict, *, truncate: bool) -> bytes:
+    """A 200 body no client can use: ``payload`` cut off mid-JSON, or without its ``choices``
+    (``data`` for embeddings)."""
+    if truncate:
+        encoded = orjson.dumps(payload)
+        return encoded[: len(encoded) // 2]  # an object without its closing brace never parses
+    return orjson.dumps({k: v for k, v in payload.items() if k not in ("choices", "data")})
+
+
+class _Window:
+    """The requests admitted in the last ``span_s`` seconds, with their token total.
+
+    Each request enters once and leaves once, so keeping the total costs O(1) per request.
+    The window is half-open: a request admitted at ``t`` counts while ``now - span_s < t``.
+    """
+
+    __slots__ = ("events", "span_s", "tokens")
+
+    def __init__(self, span_s: float, events: Iterable[tuple[float, int]] = ()) -> None:
+        self.span_s = span_s
+        self.events: deque[tuple[float, int]] = deque(events)  # (admitted at, tokens), oldest first
+        self.tokens = sum(cost for _, cost in self.events)
+
+    def expire(self, now: float) -> None:
+        """Forget the requests that left the window by ``now``."""
+        horizon = now - self.span_s
+        events = self.events
+        while events and events[0][0] <= horizon:
+            self.tokens -= events.popleft()[1]
+
+    def add(self, now: float, tokens: int) -> None:
+        """Count one request of ``tokens`` admitted at ``now``."""
+        self.events.append((now, tokens))
+        self.tokens += tokens
+
+    def used(self, kind: str) -> int:
+        """Requests or tokens in the window."""
+        return len(self.events) if kind == "requests" else self.tokens
+
+    def fits(self, kind: str, *, limit: float, cost: int) -> bool:
+        """Whether ``cost`` more requests or tokens (``kind``) fit under ``limit`` now."""
+        return self.used(kind) + cost <= limit
+
+    def wait_to_fit(self, now: float, kind: str, *, limit: float, cost: int) -> float | None:
+        """Seconds from ``now`` until ``cost`` more requests or tokens (``kind``) fit under
+        ``limit``, or None if they never can."""
+        if cost > limit:
+            return None
+        used, wait = self.used(kind), 0.0
+        for admitted, tokens in self.events:  # oldest first, the order in which they leave
+            if used + cost <= limit:
+                break
+            used -= 1 if kind == "requests" else tokens
+            wait = admitted + self.span_s - now
+        return wait
+
+    def reset_in(self, now: float) -> float:
+        """Seconds until the window is empty again: OpenAI's "resets to its initial state"."""
+        return self.events[-1][0] + self.span_s - now if self.events else 0.0
+
+
+class _RateLimiter:
+    """OpenAI's two limits, requests and tokens per minute, over sliding windows.
+
+    The headers always speak per minute, like OpenAI's, so a minute window is kept; when the
+    limit is enforced over a shorter window (per second, say) a second window does that.
+    Only the server's loop touches it, so it needs no lock.
+    """
+
+    def __init__(self) -> None:
+        self.minute = _Window(60.0)
+        self.enforced = self.minute
+
+    def judge(
+        self, now: float, *, rpm: int | None, tpm: int | None, window_s: float, tokens: int
+    ) -> tuple[str, float | None] | None:
+        """Admit and count a request of ``tokens`` arriving at ``now``, returning None; or, when
+        it does not fit, leave the windows as they were and return the limit it broke
+        (``"requests"`` or ``"tokens"``) and the seconds until it fits (None: it never will)."""
+        enforced = self._windows(now, window_s)
+        scale = enforced.span_s / 60.0
+        limits = [
+            (kind, limit * scale, cost)
+            for kind, limit, cost in (("requests", rpm, 1), ("tokens", tpm, tokens))
+            if limit is not None
+        ]
+        if all(enforced.fits(kind, limit=limit, cost=cost) for kind, limit, cost in limits):
+            self.minute.add(now, tokens)
+            if enforced is not self.minute:
+                enforced.add(now, tokens)
+            return None
+        waits = {
+            kind: enforced.wait_to_fit(now, kind, limit=limit, cost=cost)
+            for kind, limit, cost in limits
+        }
+        # Blame the limit that can never be met, else the one that takes longer to free up.
+        blame = {kind: math.inf if wait is None else wait for kind, wait in waits.items()}
+        kind = max(blame, key=blame.__getitem__)
+        return kind, waits[kind]
+
+    def headers(self, now: float, *, rpm: int | None, tpm: int | None) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers for the limits that are set, over the last minute.
+
+        ``reset`` is the time until the window is empty, so ``remaining`` is back at the limit.
+        """
+        minute = self.minute
+        minute.expire(now)
+        reset = openai_duration(minute.reset_in(now))
+        headers = {}
+        for kind, limit in (("requests", rpm), ("tokens", tpm)):
+            if limit is not None:
+                headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+                headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, limit - minute.used(kind)))
+                headers[f"x-ratelimit-reset-{kind}"] = reset
+        return headers
+
+    def _windows(self, now: float, window_s: float) -> _Window:
+        """Bring both windows up to ``now``; return the enforced one."""
+        self.minute.expire(now)
+        if window_s == 60.0:
+            self.enforced = self.minute
+        elif self.enforced.span_s != window_s:
+            # A new span starts from the last minute's requests, so none is forgotten.
+            recent = [e for e in self.minute.events if e[0] > now - window_s]
+            self.enforced = _Window(window_s, recent)
+        self.enforced.expire(now)
+        return self.enforced
+
+
+Fault = Literal["500", "503", "reset", "hang", "malformed", "rate_limit", "reject", "outage"]
+
+_Drawn = Literal["transient", "500", "503", "reset", "hang", "malformed"]
+# The per-attempt faults and the knobs setting their shares, in the order they slice the draw.
+_DRAWN: tuple[tuple[_Drawn, str], ...] = (
+    ("transient", "transient_rate"),
+    ("500", "error_500_rate"),
+    ("503", "error_503_rate"),
+    ("reset", "reset_rate"),
+    ("hang", "hang_rate"),
+    ("malformed", "malformed_rate"),
+)
+
+
 @dataclass(frozen=True)
 class LoggedRequest:
-    """One request as the server saw it. The Authorization value is never kept."""
+    """One request as the server saw it. The Authorization value is never kept.
+
+    ``received`` (monotonic) is when it arrived and the rate limiter judged it; ``monotonic`` and
+    ``wall`` are when the server settled it: answered, reset, or began to hang. ``status`` is 0
+    when the client got no reply: a reset, or a hang whose client was gone by the time it ended
+    (a hang the client waited out shows the status it finally got). ``tokens`` is the request's
+    TPM cost (:func:`request_tokens`); ``counted`` says it passed the rate limiter, so it counts
+    against the windows; ``fault`` names what the server did to it, None for a plain answer.
+    """
 
     monotonic: float
     wall: float
@@ -225,12 +451,31 @@ class LoggedRequest:
     prompt: str
     status: int
     had_authorization: bool
+    tokens: int = 0
+    fault: Fault | None = None
+    received: float = 0.0
+    counted: bool = False
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """What the handler knows about one request while it decides how to answer."""
+
+    request: web.Request
+    raw: bytes
+    body: Any
+    prompt: str
+    received: float
+    tokens: int = 0
+    counted: bool = False
+    fault: Fault | None = None
 
 
 class FakeServer:
     """An OpenAI-compatible server in a background thread with its own event loop.
 
-    Use it as a context manager; ``base_url`` ends in ``/v1`` like ``OPENAI_BASE_URL``.
+    Use it as a context manager; ``base_url`` ends in ``/v1`` like ``OPENAI_BASE_URL``. The knobs
+    are described in the module docstring.
     """
 
     def __init__(
@@ -245,6 +490,18 @@ class FakeServer:
         seed: int = 0,
         port: int = 0,
         record: bool = True,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        limit_window_s: float = 60.0,
+        reject_rate: float = 0.0,
+        error_500_rate: float = 0.0,
+        error_503_rate: float = 0.0,
+        reset_rate: float = 0.0,
+        hang_rate: float = 0.0,
+        hang_s: float = 30.0,
+        malformed_rate: float = 0.0,
+        outage_until: float | None = None,
+        outage_fault: Literal["503", "reset"] = "503",
     ) -> None:
         self.reject_marker = reject_marker
         self.transient_rate = transient_rate
@@ -254,15 +511,43 @@ class FakeServer:
         self.retry_after_s = retry_after_s
         self.seed = seed
         self.port = port
+        self.rpm = rpm
+        self.tpm = tpm
+        self.limit_window_s = limit_window_s
+        self.reject_rate = reject_rate
+        self.error_500_rate = error_500_rate
+        self.error_503_rate = error_503_rate
+        self.reset_rate = reset_rate
+        self.hang_rate = hang_rate
+        self.hang_s = hang_s
+        self.malformed_rate = malformed_rate
+        self.outage_until = outage_until
+        self.outage_fault = outage_fault
+        self._check_knobs()
         self._record = record
         self._lock = threading.Lock()
         self._log: list[LoggedRequest] = []
-        self._seen: Counter[bytes] = Counter()  # body -> times seen, so retries redraw
+        self._seen: Counter[bytes] = Counter()  # body -> times drawn for, so retries redraw
+        self._limiter = _RateLimiter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+
+    def _check_knobs(self) -> None:
+        """Refuse settings that would make a test silently meaningless."""
+        for name in ("reject_rate", *(knob for _, knob in _DRAWN)):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1]")
+        if not 0.0 < self.limit_window_s <= 60.0:
+            raise ValueError("limit_window_s must be within (0, 60]")
+        for name in ("rpm", "tpm"):
+            limit = getattr(self, name)
+            if limit is not None and limit * self.limit_window_s / 60 < 1:
+                raise ValueError(f"{name} allows less than one per {self.limit_window_s} s window")
+        if self.outage_fault not in ("503", "reset"):
+            raise ValueError('outage_fault must be "503" or "reset"')
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -280,7 +565,7 @@ class FakeServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving and join the thread."""
+        """Stop serving and join the thread. Requests still hanging are abandoned, not answered."""
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
@@ -300,7 +585,7 @@ class FakeServer:
             self._error = exc
             self._ready.set()
 
-    async def serve(self, on_ready: Any = None) -> None:
+    async def serve(self, on_ready: Callable[[int], object] | None = None) -> None:
         """Serve until :meth:`stop` (or cancellation); ``on_ready(port)`` once listening."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
@@ -322,16 +607,16 @@ class FakeServer:
         finally:
             await runner.cleanup()
 
-    # -- what tests read ---------------------------------------------------------------------
+    # -- what tests read and control ---------------------------------------------------------
 
     @property
     def requests(self) -> list[LoggedRequest]:
-        """A snapshot of every request answered so far, oldest first."""
+        """A snapshot of every request settled so far, in that order."""
         with self._lock:
             return list(self._log)
 
     def count_for(self, prompt: str) -> int:
-        """How many requests (any status) carried ``prompt``."""
+        """How many requests (any status, resets and hangs too) carried ``prompt``."""
         with self._lock:
             return sum(1 for r in self._log if r.prompt == prompt)
 
@@ -340,7 +625,97 @@ class FakeServer:
         """The text a successful completion for ``prompt`` holds."""
         return reply_text(prompt)
 
+    def would_reject(self, prompt: str) -> bool:
+        """Whether a request for ``prompt`` gets the permanent 400, from the marker or the rate.
+
+        (The marker is also looked for in other messages, e.g. a system prompt, which this
+        cannot see.)
+        """
+        marker = self.reject_marker
+        if marker is not None and marker in prompt:
+            return True
+        rate = self.reject_rate
+        if rate <= 0:
+            return False
+        digest = hashlib.sha256(b"%d:reject:" % self.seed + prompt.encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+    def start_outage(self, seconds: float) -> None:
+        """Be down for the next ``seconds``: see ``outage_until``; set it to None to end early."""
+        self.outage_until = time.monotonic() + seconds
+
+    def max_accepted_in_window(self, window_s: float) -> int:
+        """The most requests the rate limiter admitted within any ``window_s`` seconds, from the
+        log (so only with ``record``). With no limits set, every request that reached the model
+        counts."""
+        return self._max_in_window(window_s, lambda r: 1)
+
+    def max_tokens_in_window(self, window_s: float) -> int:
+        """The most tokens (:func:`request_tokens`) admitted within any ``window_s`` seconds."""
+        return self._max_in_window(window_s, lambda r: r.tokens)
+
+    def _max_in_window(self, window_s: float, weight: Callable[[LoggedRequest], int]) -> int:
+        with self._lock:
+            events = sorted((r.received, weight(r)) for r in self._log if r.counted)
+        best = total = start = 0
+        for admitted, amount in events:
+            total += amount
+            # The same half-open window, and the same float expression, the limiter uses.
+            while events[start][0] <= admitted - window_s:
+                total -= events[start][1]
+                start += 1
+            best = max(best, total)
+        return best
+
     # -- handlers ----------------------------------------------------------------------------
+
+    async def _handle_post(self, request: web.Request) -> web.StreamResponse:
+        """Answer one POST: outage, refusals, rate limit, latency, then the request's fate."""
+        raw = await request.read()
+        path = request.path
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        ex = _Exchange(request, raw, body, prompt_of(path, body), time.monotonic())
+        if self._record or self.tpm is not None:  # the hot path of a benchmark skips the count
+            ex.tokens = request_tokens(path, body)
+        if (until := self.outage_until) is not None and ex.received < until:
+            return self._outage(ex)
+        refused = self._refused(request, path, body)
+        if refused is None:
+            if self.rpm is not None or self.tpm is not None:
+                verdict = self._limiter.judge(
+                    ex.received,
+                    rpm=self.rpm,
+                    tpm=self.tpm,
+                    window_s=float(self.limit_window_s),
+                    tokens=ex.tokens,
+                )
+                if verdict is not None:
+                    return self._rate_limited(ex, *verdict)
+            ex.counted = True
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+        if refused is not None:
+            return self._reply(ex, *refused)
+        if self._rejects(path, body, ex.prompt):
+            ex.fault = "reject"
+            return self._reply(ex, 400, error_body(400, "The request was rejected as invalid."))
+        drawn = self._draw(raw)
+        if drawn is None:
+            return self._reply(ex, 200, _BUILDERS[path](body, ex.prompt))
+        return await self._inject(ex, path, *drawn)
+
+    def _refused(self, request: web.Request, path: str, body: Any) -> tuple[int, dict] | None:
+        """The error a request gets before it reaches any model (auth, forced, bad URL or JSON)."""
+        if (status := self._refusal(request)) is not None:
+            return status, error_body(status)
+        if path not in _BUILDERS:
+            return 404, error_body(404, f"Unknown path {path}", code="unknown_url")
+        if not isinstance(body, dict):
+            return 400, error_body(400, "We could not parse the JSON body.")
+        return None
 
     def _refusal(self, request: web.Request) -> int | None:
         """The status every request gets regardless of its body (auth, forced), if any."""
@@ -349,64 +724,155 @@ class FakeServer:
             return 401
         return self.status_for_all
 
-    def _transient(self, raw: bytes) -> int | None:
-        """500 or 429 for a ``transient_rate`` share of requests, else None."""
-        rate = self.transient_rate
-        if rate <= 0:
+    def _rejects(self, path: str, body: dict, prompt: str) -> bool:
+        marker = self.reject_marker
+        if marker is not None and marker in _all_text(path, body):
+            return True
+        return self.reject_rate > 0 and self.would_reject(prompt)
+
+    def _draw(self, raw: bytes) -> tuple[_Drawn, bytes] | None:
+        """The per-attempt fault this attempt draws, if any, and the digest it was drawn from."""
+        rates = (
+            self.transient_rate,
+            self.error_500_rate,
+            self.error_503_rate,
+            self.reset_rate,
+            self.hang_rate,
+            self.malformed_rate,
+        )
+        if not any(rates):  # the usual case, and a benchmark's: no hashing, no lock
             return None
         with self._lock:
             nth = self._seen[raw]
             self._seen[raw] += 1
         digest = hashlib.sha256(b"%d:%d:" % (self.seed, nth) + raw).digest()
         draw = int.from_bytes(digest[:8], "big") / 2**64
-        if draw >= rate:
-            return None
-        return 429 if digest[8] & 1 else 500
+        edge = 0.0
+        for (kind, _), rate in zip(_DRAWN, rates, strict=True):
+            edge += rate
+            if draw < edge:
+                return kind, digest
+        return None
 
-    async def _handle_post(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        path = request.path
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            body = None
-        prompt = prompt_of(path, body)
-        if self.latency_s > 0:
-            await asyncio.sleep(self.latency_s)
+    async def _inject(self, ex: _Exchange, path: str, kind: _Drawn, digest: bytes) -> web.Response:
+        """Answer with the fault ``kind`` drawn for this attempt."""
+        if kind == "transient":  # exactly as before the other faults existed
+            if not digest[8] & 1:
+                ex.fault = "500"
+                return self._reply(ex, 500, error_body(500))
+            ex.fault = "rate_limit"
+            payload = error_body(
+                429, "Rate limit reached for requests.", code="rate_limit_exceeded"
+            )
+            payload["error"]["type"] = "requests"
+            retry_after = {
+                "retry-after": str(math.ceil(self.retry_after_s)),
+                "retry-after-ms": str(round(self.retry_after_s * 1000)),
+            }
+            return self._reply(ex, 429, payload, retry_after)
+        ex.fault = kind
+        if kind == "reset":
+            return self._reset(ex, "reset")
+        if kind == "500" or kind == "503":
+            return self._reply(ex, int(kind), error_body(int(kind)))
+        payload = _BUILDERS[path](ex.body, ex.prompt)
+        if kind == "malformed":
+            return self._reply(ex, 200, malformed_body(payload, truncate=bool(digest[9] & 1)))
+        return await self._hang(ex, payload)
 
-        status = self._refusal(request)
-        headers = {"x-request-id": "req_" + hashlib.sha256(raw).hexdigest()[:24]}
-        builder = _BUILDERS.get(path)
-        if status is not None:
-            payload = error_body(status)
-        elif builder is None:
-            status, payload = 404, error_body(404, f"Unknown path {path}", code="unknown_url")
-        elif not isinstance(body, dict):
-            status, payload = 400, error_body(400, "We could not parse the JSON body.")
-        elif self.reject_marker is not None and self.reject_marker in _all_text(path, body):
-            status, payload = 400, error_body(400, "The request was rejected as invalid.")
-        elif (status := self._transient(raw)) is not None:
-            if status == 429:
-                headers["retry-after"] = str(math.ceil(self.retry_after_s))
-                headers["retry-after-ms"] = str(round(self.retry_after_s * 1000))
-                payload = error_body(
-                    429, "Rate limit reached for requests.", code="rate_limit_exceeded"
-                )
-                payload["error"]["type"] = "requests"
-            else:
-                payload = error_body(500)
+    async def _hang(self, ex: _Exchange, payload: dict) -> web.Response:
+        """Say nothing for ``hang_s``, then answer if the client is still waiting."""
+        ex.fault = "hang"
+        # Logged now: a client that timed out must find its request in the log at once.
+        index = self._note(ex, 0)
+        await asyncio.sleep(self.hang_s)
+        transport = ex.request.transport
+        if index is not None and transport is not None and not transport.is_closing():
+            with self._lock:
+                self._log[index] = replace(self._log[index], status=200)
+        # To a client that is gone, aiohttp fails to write this and drops it as a disconnect.
+        return self._reply(ex, 200, payload, note=False)
+
+    def _reset(self, ex: _Exchange, fault: Fault) -> web.Response:
+        """Reset the connection: the client gets no reply at all, and a connection error."""
+        ex.fault = fault
+        self._note(ex, 0)
+        transport = ex.request.transport
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                # Linger 0 makes the close send RST: a reset, not a polite end of stream.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+        # aiohttp cannot write this to the aborted transport and drops it as a client disconnect.
+        return web.Response(status=500)
+
+    def _outage(self, ex: _Exchange) -> web.Response:
+        if self.outage_fault == "reset":
+            return self._reset(ex, "outage")
+        ex.fault = "outage"
+        return self._reply(ex, 503, error_body(503))
+
+    def _rate_limited(self, ex: _Exchange, kind: str, wait_s: float | None) -> web.Response:
+        """429 with OpenAI's message for the ``kind`` of limit broken and the wait it needs."""
+        ex.fault = "rate_limit"
+        model = (ex.body.get("model") if isinstance(ex.body, dict) else None) or MODEL
+        limit = self.rpm if kind == "requests" else self.tpm
+        requested = 1 if kind == "requests" else ex.tokens
+        where = f"for {model} in organization {ORGANIZATION} on {_PER_MINUTE[kind]}: Limit {limit}"
+        if wait_s is None:  # it alone is over the limit: no wait helps, and OpenAI names none
+            retry: dict[str, str] = {}
+            message = (
+                f"Request too large {where}, Requested {requested}. The input or output tokens "
+                f"must be reduced in order to run successfully. {_RATE_LIMIT_HELP}"
+            )
         else:
-            status, payload = 200, builder(body, prompt)
+            retry = self._retry_after(wait_s)
+            message = (
+                f"Rate limit reached {where}, Used {self._limiter.minute.used(kind)}, Requested "
+                f"{requested}. Please try again in "
+                f"{openai_duration(int(retry['retry-after-ms']) / 1000)}. {_RATE_LIMIT_HELP}"
+            )
+        payload = error_body(429, message, code="rate_limit_exceeded")
+        payload["error"]["type"] = kind
+        return self._reply(ex, 429, payload, retry)
 
-        self._log_request(request, body, prompt, status)
+    @staticmethod
+    def _retry_after(seconds: float) -> dict[str, str]:
+        """Both of OpenAI's forms, rounded up so that a client waiting exactly that long fits."""
+        ms = max(1, math.ceil(seconds * 1000))
+        return {"retry-after": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)}
+
+    # -- replies and the log -----------------------------------------------------------------
+
+    def _reply(
+        self,
+        ex: _Exchange,
+        status: int,
+        payload: dict | bytes,
+        extra_headers: dict[str, str] | None = None,
+        *,
+        note: bool = True,
+    ) -> web.Response:
+        """The JSON reply, with the request id and any rate-limit headers; logged unless told."""
+        headers = {"x-request-id": "req_" + hashlib.sha256(ex.raw).hexdigest()[:24]}
+        if extra_headers:
+            headers.update(extra_headers)
+        if self.rpm is not None or self.tpm is not None:
+            headers.update(self._limiter.headers(time.monotonic(), rpm=self.rpm, tpm=self.tpm))
+        if note:
+            self._note(ex, status)
         return web.Response(
-            body=orjson.dumps(payload),
+            body=payload if isinstance(payload, bytes) else orjson.dumps(payload),
             status=status,
             headers=headers,
             content_type="application/json",
         )
 
     async def _handle_models(self, request: web.Request) -> web.Response:
+        ex = _Exchange(request, b"", None, "", time.monotonic())
+        if (until := self.outage_until) is not None and ex.received < until:
+            return self._outage(ex)
         status = self._refusal(request)
         if status is not None:
             payload: dict = error_body(status)
@@ -420,24 +886,34 @@ class FakeServer:
                     for m in models
                 ],
             }
-        self._log_request(request, None, "", status)
+        self._note(ex, status)
         return web.json_response(payload, status=status)
 
-    def _log_request(self, request: web.Request, body: Any, prompt: str, status: int) -> None:
+    def _note(self, ex: _Exchange, status: int) -> int | None:
+        """Log ``ex`` settled with ``status``; its index in the log, or None when not recording."""
         if not self._record:
-            return
+            return None
+        request = ex.request
         entry = LoggedRequest(
             monotonic=time.monotonic(),
             wall=time.time(),
             method=request.method,
             path=request.path,
-            body=body,
-            prompt=prompt,
+            body=ex.body,
+            prompt=ex.prompt,
             status=status,
             had_authorization="Authorization" in request.headers,
+            tokens=ex.tokens,
+            fault=ex.fault,
+            received=ex.received,
+            counted=ex.counted,
         )
         with self._lock:
             self._log.append(entry)
+            return len(self._log) - 1
+
+
+_PER_MINUTE = {"requests": "requests per min (RPM)", "tokens": "tokens per min (TPM)"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -447,13 +923,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per request")
     parser.add_argument("--transient-rate", type=float, default=0.0)
     parser.add_argument("--require-key", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rpm", type=int, default=None, help="requests per minute")
+    parser.add_argument("--tpm", type=int, default=None, help="tokens per minute")
+    parser.add_argument(
+        "--limit-window", type=float, default=60.0, help="seconds; 1 enforces per second"
+    )
+    rates = ["reject_rate", *(knob for kind, knob in _DRAWN if kind != "transient")]
+    for knob in rates:
+        parser.add_argument("--" + knob.replace("_", "-"), type=float, default=0.0)
+    parser.add_argument("--hang", type=float, default=30.0, help="seconds a hang lasts")
     args = parser.parse_args(argv)
     server = FakeServer(
         port=args.port,
         latency_s=args.latency,
         transient_rate=args.transient_rate,
         require_key=args.require_key,
+        seed=args.seed,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        limit_window_s=args.limit_window,
+        hang_s=args.hang,
         record=False,  # a benchmark sends millions of requests; nobody reads the log
+        **{knob: getattr(args, knob) for knob in rates},
     )
 
     def ready(port: int) -> None:

@@ -186,6 +186,11 @@ def test_request_log_records_each_request() -> None:
     ]
     assert log[0].body == chat("a")
     assert log[3].body is None
+    # No faults by default; a body that is not JSON never reaches the model, so it costs nothing.
+    assert [(r.fault, r.counted, r.tokens) for r in log] == [(None, True, 1)] * 3 + [
+        (None, False, 0)
+    ]
+    assert all(r.received <= r.monotonic for r in log)
     assert [r.monotonic for r in log] == sorted(r.monotonic for r in log)
     assert all(abs(r.wall - time.time()) < 60 for r in log)
     assert (server.count_for("a"), server.count_for("b"), server.count_for("c")) == (2, 1, 0)
