@@ -25,7 +25,7 @@ from .outputs import Export, export_source
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
 from .store import EnqueueCounts, JobStore, Source, Stats
-from .transport import make_client
+from .transport import AiohttpTransport
 from .worker import Progress, RetryPolicy, Worker
 
 ProgressCallback = Callable[[Progress], None]
@@ -97,7 +97,9 @@ async def add_file(
         return (await _enqueue(store, config, path, out, dead))[1]
 
 
-def _make_provider(config: Config) -> tuple[OpenAIProvider, httpx.AsyncClient]:
+def _make_provider(config: Config) -> tuple[OpenAIProvider, httpx.AsyncBaseTransport]:
+    """The provider and the transport under it (the caller closes the transport)."""
+    transport: httpx.AsyncBaseTransport
     if config.provider == "anthropic":
         raise UsageError("the anthropic provider is not available yet; use --provider openai")
     if config.provider == "simulated":
@@ -105,23 +107,20 @@ def _make_provider(config: Config) -> tuple[OpenAIProvider, httpx.AsyncClient]:
             latency_s=config.simulated_latency_s,
             transient_error_rate=config.simulated_error_rate,
         )
-        client = httpx.AsyncClient(transport=transport)
     else:
         if not config.api_key and config.base_url.rstrip("/") == OPENAI_BASE_URL:
             raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
-        client = make_client(
-            max_connections=config.concurrency,
-            connect_timeout_s=config.connect_timeout_s,
-            read_timeout_s=config.timeout_s,
-        )
+        transport = AiohttpTransport(max_connections=config.concurrency)
     provider = OpenAIProvider(
-        client,
+        transport,
         base_url=config.base_url,
         api_key=config.api_key,
         api_key_env=config.api_key_env,
         extra_headers=config.extra_headers,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.timeout_s,
     )
-    return provider, client
+    return provider, transport
 
 
 def _estimator(config: Config) -> Callable[..., int] | None:
@@ -161,7 +160,7 @@ async def run_batch(
                         f"fix the file and run again:\n{first}"
                     )
             await store.recover_running()
-            provider, client = _make_provider(config)
+            provider, transport = _make_provider(config)
             stats = await store.stats()
             progress = Progress(
                 total=stats.total, done=stats.counts["done"], dead=stats.counts["dead"]
@@ -179,7 +178,7 @@ async def run_batch(
                 stopped = await _work(worker, config, on_progress, progress_interval_s,
                                       handle_signals)  # fmt: skip
             finally:
-                await client.aclose()
+                await transport.aclose()
             exports = await _export_all(store, config, input_path, out, dead)
             summary = RunSummary(added, progress, await store.stats(), exports, stopped)
     summary.duration_s = time.monotonic() - started

@@ -1,9 +1,10 @@
-"""The HTTP stack: httpx's API over one shared aiohttp connection pool.
+"""The HTTP stack: httpx's request and response model over one shared aiohttp connection pool.
 
-Providers speak httpx (``await client.post(url, content=..., headers=...)``) so that tests can
-hand them ``httpx.AsyncClient(transport=httpx.MockTransport(handler))``. Under that API sits
-:class:`AiohttpTransport`, a minimal ``httpx.AsyncBaseTransport`` over one
-``aiohttp.ClientSession``. Why (figures in bench/README.md, from ``bench/http_stack.py``):
+Providers build an ``httpx.Request`` and hand it to an ``httpx.AsyncBaseTransport``, so tests
+can pass ``httpx.MockTransport(handler)``. In a run that transport is :class:`AiohttpTransport`,
+a minimal ``httpx.AsyncBaseTransport`` over one ``aiohttp.ClientSession``. Providers skip
+``httpx.AsyncClient``: it cost more per request than the rest of a job together (bench/README.md,
+"Pipeline"). Why this transport (figures in bench/README.md, from ``bench/http_stack.py``):
 
 - httpx's own pool is ~7x slower at 64 connections (encode/httpcore#1035), so it is out.
 - The ``httpx-aiohttp`` package is about as fast as this transport (this one is a few percent
@@ -14,7 +15,7 @@ hand them ``httpx.AsyncClient(transport=httpx.MockTransport(handler))``. Under t
   in each case (tests/test_fakeserver.py checks them side by side), so a provider classifies
   errors the same over either, and no aiohttp exception ever reaches it.
 - What remains between this and a bare aiohttp loop is httpx's request/response model (building
-  the ``Request``, cookies, reading the body through its decoders), not the transport.
+  the ``Request``, reading the body through its decoders), not the transport.
 
 Not supported, on purpose: HTTP/2, proxies from the environment (nothing below the CLI reads the
 environment), streaming request or response bodies. One client belongs to one event loop.
@@ -139,7 +140,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 def make_client(
     *, max_connections: int, connect_timeout_s: float, read_timeout_s: float
 ) -> httpx.AsyncClient:
-    """The ``httpx.AsyncClient`` aiq's providers send through; close it with ``aclose()``.
+    """An ``httpx.AsyncClient`` over :class:`AiohttpTransport`; close it with ``aclose()``.
+
+    For code that wants httpx's client API over this pool (benchmarks, scripts); aiq's own
+    providers call the transport directly.
 
     ``max_connections`` bounds the pool (give it the worker concurrency). There is no pool
     timeout: the worker pool already bounds how many requests wait, so waiting for a free

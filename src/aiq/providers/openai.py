@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import httpx
 import orjson
@@ -13,68 +14,122 @@ _EXPECTED = {"/v1/embeddings": "data"}  # the key a well-formed reply must carry
 
 
 class OpenAIProvider:
-    """Sends requests over a shared httpx client; classifies every failure."""
+    """Sends requests straight to an ``httpx.AsyncBaseTransport``; classifies every failure.
+
+    The provider builds each ``httpx.Request`` itself and hands it to the transport, without
+    an ``httpx.AsyncClient`` in between. The client layer (URL and header merging, cookie
+    extraction, auth and redirect machinery) cost more per request than everything else aiq
+    does for a job together (bench/README.md, "Pipeline"), and aiq needs none of it: one base
+    URL, fixed headers, no cookies, no redirects. Any transport works, so tests pass
+    ``httpx.MockTransport(handler)``; the run passes ``aiq.transport.AiohttpTransport``.
+
+    Timeouts travel in ``request.extensions["timeout"]``, as ``httpx.AsyncClient`` sends them.
+    The caller owns the transport and closes it.
+    """
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport,
         *,
         base_url: str,
         api_key: str | None,
         api_key_env: str = "OPENAI_API_KEY",
         extra_headers: Mapping[str, str] | None = None,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 120.0,
     ) -> None:
-        self._client = client
+        self._transport = transport
         self._base = base_url.rstrip("/")
         # Lines name endpoints as "/v1/…"; base URLs conventionally end in "/v1" already.
         self._strip_v1 = self._base.endswith("/v1")
         self._key_env = api_key_env
-        self._headers = {"content-type": "application/json", **(extra_headers or {})}
+        # Only what the request needs: every header costs ~3 µs a request between httpx and
+        # aiohttp. Accept-Encoding is named so the server uses no encoding httpx.Response
+        # cannot decode; aiohttp adds its own User-Agent and Accept.
+        headers = {
+            "accept-encoding": "gzip, deflate",
+            "content-type": "application/json",
+            **(extra_headers or {}),
+        }
         if api_key:
-            self._headers["authorization"] = f"Bearer {api_key}"
+            headers["authorization"] = f"Bearer {api_key}"
+        # One normalised Headers, copied by each Request: cheaper than a dict re-encoded each time.
+        self._headers = httpx.Headers(headers)
+        self._extensions: dict[str, Any] = {
+            "timeout": {
+                "connect": connect_timeout_s,
+                "read": read_timeout_s,
+                "write": read_timeout_s,
+                "pool": None,  # the worker pool bounds waiting already: queueing, not failure
+            }
+        }
+        self._urls: dict[str, httpx.URL] = {}
 
-    def url(self, endpoint: str) -> str:
-        """The full URL of an endpoint such as ``/v1/chat/completions``."""
-        if self._strip_v1 and endpoint.startswith("/v1/"):
-            endpoint = endpoint[3:]
-        return self._base + endpoint
+    def url(self, endpoint: str) -> httpx.URL:
+        """The full URL of an endpoint such as ``/v1/chat/completions``, parsed once."""
+        url = self._urls.get(endpoint)
+        if url is None:
+            path = endpoint[3:] if self._strip_v1 and endpoint.startswith("/v1/") else endpoint
+            # Parsing a URL costs about as much as building the request; endpoints are few.
+            url = self._urls[endpoint] = httpx.URL(self._base + path)
+        return url
 
     async def send(self, endpoint: str, body: bytes) -> Reply:
         """POST one request body; returns the Reply or raises a classified ProviderError."""
         try:
-            resp = await self._client.post(self.url(endpoint), content=body, headers=self._headers)
+            url = self.url(endpoint)
+        except httpx.InvalidURL as exc:
+            message = f"invalid URL {self._base + endpoint!r}: {exc}"
+            raise ProviderError("not_found", message, fatal=True) from None
+        request = httpx.Request(
+            "POST", url, headers=self._headers, content=body, extensions=self._extensions
+        )
+        try:
+            resp = await self._transport.handle_async_request(request)
+            try:
+                content = await resp.aread()
+            finally:
+                await resp.aclose()
         except httpx.TimeoutException as exc:
             raise ProviderError("timeout", _describe(exc), retryable=True) from None
+        except httpx.UnsupportedProtocol as exc:  # no retry can fix the base URL
+            message = f"{_describe(exc)} (check --base-url: {self._base!r})"
+            raise ProviderError("connection", message, fatal=True) from None
         except httpx.TransportError as exc:
             raise ProviderError("connection", _describe(exc), retryable=True) from None
+        except httpx.DecodingError as exc:  # a reply that claims gzip but is not
+            message = f"undecodable reply: {_describe(exc)}"
+            raise ProviderError("bad_response", message, retryable=True) from None
         if resp.status_code != 200:
-            raise self._error(resp)
-        return self._reply(endpoint, resp)
+            raise self._error(resp, content)
+        return self._reply(endpoint, resp, content)
 
-    def _reply(self, endpoint: str, resp: httpx.Response) -> Reply:
+    def _reply(self, endpoint: str, resp: httpx.Response, content: bytes) -> Reply:
         try:
-            data = orjson.loads(resp.content)
+            data = orjson.loads(content)
         except orjson.JSONDecodeError:
             data = None
         expected = _EXPECTED.get(endpoint, "choices")
         if not isinstance(data, dict) or expected not in data:
             raise ProviderError(
                 "bad_response",
-                f"HTTP 200 without a well-formed reply (no {expected!r}): {resp.content[:200]!r}",
+                f"HTTP 200 without a well-formed reply (no {expected!r}): {content[:200]!r}",
                 status_code=200,
                 retryable=True,
             )
-        usage = data.get("usage") or {}
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            usage = {}
         return Reply(
             status_code=200,
-            body=resp.content,
+            body=content,
             request_id=resp.headers.get("x-request-id") or data.get("id"),
-            tokens_in=int(usage.get("prompt_tokens") or 0),
-            tokens_out=int(usage.get("completion_tokens") or 0),
+            tokens_in=_int(usage.get("prompt_tokens")),
+            tokens_out=_int(usage.get("completion_tokens")),
         )
 
-    def _error(self, resp: httpx.Response) -> ProviderError:
-        message, code = _error_message(resp)
+    def _error(self, resp: httpx.Response, content: bytes) -> ProviderError:
+        message, code = _error_message(resp, content)
         error_type, retryable, fatal = classify_status(resp.status_code, message, code)
         if fatal:
             message = f"{message} ({fatal_hint(error_type, self._key_env)})"
@@ -88,16 +143,22 @@ class OpenAIProvider:
         )
 
 
-def _error_message(resp: httpx.Response) -> tuple[str, str | None]:
+def _int(value: object) -> int:
+    # A server that sends a non-number for a token count has still answered; count it as 0.
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _error_message(resp: httpx.Response, content: bytes) -> tuple[str, str | None]:
     """The provider's own message and code from an OpenAI-shaped error body, if any."""
     try:
-        err = orjson.loads(resp.content).get("error")
+        err = orjson.loads(content).get("error")
         if isinstance(err, dict):
             code = err.get("code") or err.get("type")
+            code = code if isinstance(code, str) else None  # some servers send numbers
             return f"HTTP {resp.status_code}: {err.get('message') or err}", code
     except (orjson.JSONDecodeError, AttributeError):
         pass
-    text = resp.content[:300].decode("utf-8", "replace").strip()
+    text = content[:300].decode("utf-8", "replace").strip()
     return f"HTTP {resp.status_code}: {text or resp.reason_phrase}", None
 
 
