@@ -352,9 +352,25 @@ class JobStore:
             )
         return cur.rowcount
 
-    async def claim(self, limit: int, *, now: float, lease_s: float = 600.0) -> list[Job]:
-        """Atomically move up to ``limit`` due queued jobs to running, oldest first."""
+    async def claim(
+        self,
+        limit: int,
+        *,
+        now: float,
+        lease_s: float = 600.0,
+        record: Sequence[Outcome] = (),
+    ) -> list[Job]:
+        """Atomically move up to ``limit`` due queued jobs to running, oldest first.
+
+        ``record``: outcomes to write first, in the same transaction. The worker's every cycle
+        is then one commit and four trips to the SQLite thread, not two commits and six.
+        """
+        if limit <= 0:
+            await self.record(record)
+            return []
         async with self.transaction():
+            if record:
+                await self._write_outcomes(record)
             rows = await self._db.execute_fetchall(
                 "UPDATE jobs SET state = ?, lease_until = ? WHERE id IN ("
                 "  SELECT id FROM jobs WHERE state = ? AND next_at <= ? ORDER BY next_at, id"
@@ -363,31 +379,45 @@ class JobStore:
             )
         return [Job(*r) for r in rows]
 
+    async def release(self, job_ids: Sequence[int]) -> None:
+        """Return claimed jobs that were never attempted (a stop, a cancel) to the queue."""
+        if not job_ids:
+            return
+        async with self.transaction():
+            await self._db.executemany(
+                "UPDATE jobs SET state = ?, lease_until = NULL WHERE id = ? AND state = ?",
+                [(QUEUED, i, RUNNING) for i in job_ids],
+            )
+
     async def next_due_at(self) -> float | None:
         """When the earliest queued job becomes due, or None when nothing is queued."""
-        rows = await self._db.execute_fetchall(
+        ((due,),) = await self._db.execute_fetchall(
             "SELECT min(next_at) FROM jobs WHERE state = ?", (QUEUED,)
         )
-        return rows[0][0]
+        return due
 
     async def record(self, outcomes: Sequence[Outcome]) -> None:
         """Write a batch of outcomes in one transaction."""
         if not outcomes:
             return
+        async with self.transaction():
+            await self._write_outcomes(outcomes)
+
+    async def _write_outcomes(self, outcomes: Sequence[Outcome]) -> None:
+        """Write outcomes inside the caller's transaction."""
         rows = [
             (o.state, o.attempts, o.next_at, o.started_at, o.finished_at, o.status_code,
              o.error_type, o.error_message, o.request_id, o.response, o.tokens_in,
              o.tokens_out, o.latency_s, o.job_id)
             for o in outcomes
         ]  # fmt: skip
-        async with self.transaction():
-            await self._db.executemany(
-                "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, lease_until = NULL, "
-                "first_attempt_at = coalesce(first_attempt_at, ?), finished_at = ?, "
-                "status_code = ?, error_type = ?, error_message = ?, request_id = ?, "
-                "response = ?, tokens_in = ?, tokens_out = ?, latency_s = ? WHERE id = ?",
-                rows,
-            )
+        await self._db.executemany(
+            "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, lease_until = NULL, "
+            "first_attempt_at = coalesce(first_attempt_at, ?), finished_at = ?, "
+            "status_code = ?, error_type = ?, error_message = ?, request_id = ?, "
+            "response = ?, tokens_in = ?, tokens_out = ?, latency_s = ? WHERE id = ?",
+            rows,
+        )
 
     # -- reading -------------------------------------------------------------------------
 

@@ -3,6 +3,11 @@
 One task owns the store (claims and batched records never interleave on the connection);
 ``concurrency`` tasks send. A result counts as done only once its outcome is committed, so a
 crash loses at most the replies of jobs in flight, which are sent again on resume.
+
+The store task works in cycles: each records the outcomes that came in since the last one and
+claims more jobs, in one transaction. Senders wake it when a batch of outcomes has piled up or
+the queue runs low; otherwise it commits every ``_FLUSH_EVERY_S``. bench/README.md ("Pipeline")
+has the figures behind the constants.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from .providers.base import Provider, ProviderError
 from .store import DEAD, DONE, QUEUED, Job, JobStore, Outcome
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
+_AHEAD = 4  # jobs kept claimed per sender: one in flight, the rest queued
 _IDLE_POLL_S = 1.0  # how often to look for retries coming due when all else is idle
 
 
@@ -88,19 +94,23 @@ class Worker:
         self.progress = progress or Progress()
         self.fatal: ProviderError | None = None
         self._queue: asyncio.Queue[Job | None] = asyncio.Queue()
-        self._pending: list[Outcome] = []
+        self._pending: list[Outcome] = []  # outcomes not yet handed to the store
         self._claimed: dict[int, Job] = {}  # claimed and not yet recorded
         self._wake = asyncio.Event()
-        self._stopping = asyncio.Event()
+        self._stop = False
+        # Whether the last claim got all it asked for. If not, nothing more is due yet, and
+        # waking the store task early to ask again would only cost a commit.
+        self._more_due = True
 
     def stop(self) -> None:
         """Stop claiming; jobs in flight finish and are recorded (a drain)."""
-        self._stopping.set()
+        self._stop = True
         self._wake.set()
 
     @property
     def stopping(self) -> bool:
-        return self._stopping.is_set()
+        """Whether ``stop()`` was called (by the caller, or by a fatal error)."""
+        return self._stop
 
     async def run(self) -> Progress:
         """Work until nothing is queued, a fatal error, or ``stop()``; then release leftovers."""
@@ -111,12 +121,12 @@ class Worker:
             for _ in senders:
                 self._queue.put_nowait(None)
             # Senders only exit via the sentinel once the store loop has ended, or on cancel.
+            # No await separates the store loop's end from these cancels, so no sender can
+            # start a request in between: each job is either recorded below or released.
             for task in senders:
                 task.cancel()
             await asyncio.gather(*senders, return_exceptions=True)
-            await self._store.record(self._pending)
-            self._commit_progress(self._pending)
-            self._pending = []
+            await self._flush()
             await self._store.release(list(self._claimed))
         return self.progress
 
@@ -124,34 +134,55 @@ class Worker:
 
     async def _store_loop(self) -> None:
         while True:
-            await self._flush()
-            if self.stopping:
+            if self._stop:
+                await self._flush()
                 if not self.progress.in_flight:
-                    return
-            else:
-                await self._top_up()
-                if not self._claimed and not self._pending:
-                    due = await self._store.next_due_at()
-                    if due is None:
-                        return  # nothing queued anywhere: the run is complete
-                    wait = min(max(0.0, due - time.time()), _IDLE_POLL_S)
-                    await self._nap(wait)
-                    continue
-            await self._nap(_FLUSH_EVERY_S)
+                    return  # jobs still queued or held by the limiter are released by run()
+                await self._nap(_FLUSH_EVERY_S)
+                continue
+            worked = await self._cycle()
+            if not self._claimed:  # nothing queued, waiting, in flight or unrecorded
+                due = await self._store.next_due_at()
+                if due is None:
+                    return  # nothing queued anywhere: the run is complete
+                await self._nap(min(max(0.0, due - time.time()), _IDLE_POLL_S))
+            elif not worked or not self._cycle_due():
+                await self._nap(_FLUSH_EVERY_S)
+
+    def _cycle_due(self) -> bool:
+        """Whether the senders need the store now: outcomes piled up, or the queue runs low."""
+        return len(self._pending) >= self._concurrency or (
+            self._more_due and self._queue.qsize() <= self._concurrency
+        )
 
     async def _nap(self, seconds: float) -> None:
+        # Cleared only here, right before waiting: nothing can run between the caller's checks
+        # and this, so no wake-up is lost, and one set during a cycle is not acted on twice.
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
-    async def _top_up(self) -> None:
-        """Keep about two jobs per sender claimed, so no sender waits on the store."""
-        room = 2 * self._concurrency - self._queue.qsize() - self.progress.in_flight
-        if room < max(1, self._concurrency // 2):
-            return
-        for job in await self._store.claim(room, now=time.time()):
+    async def _cycle(self) -> bool:
+        """Record what finished and claim more, in one transaction; False if nothing to do.
+
+        About ``_AHEAD`` jobs per sender stay claimed, so a sender that finishes finds the next
+        job waiting: the queue still holds one per sender when they wake this task, which
+        covers the time the transaction takes.
+        """
+        batch, self._pending = self._pending, []
+        room = _AHEAD * self._concurrency - (len(self._claimed) - len(batch))
+        if room < self._concurrency:  # claiming a few at a time would cost a commit each
+            room = 0
+        if not batch and not room:
+            return False
+        jobs = await self._store.claim(room, now=time.time(), record=batch)
+        self._commit_progress(batch)
+        if room:
+            self._more_due = len(jobs) == room
+        for job in jobs:
             self._claimed[job.id] = job
             self._queue.put_nowait(job)
+        return True
 
     async def _flush(self) -> None:
         if not self._pending:
@@ -178,21 +209,29 @@ class Worker:
     # -- the sending side ----------------------------------------------------------------
 
     async def _send_loop(self) -> None:
-        while (job := await self._queue.get()) is not None:
-            if self.stopping:
-                continue  # claimed but never started: released back to queued at the end
-            self.progress.in_flight += 1
+        queue, limiter, estimate, progress = (
+            self._queue,
+            self._limiter,
+            self._estimate,
+            self.progress,
+        )
+        while (job := await queue.get()) is not None:
+            if self._stop:
+                continue  # claimed but never started: released back to queued by run()
+            await limiter.acquire(estimate(job) if estimate else 0)
+            if self._stop:
+                continue  # stopped while the limiter held us (a 429 pause): not sent
+            progress.in_flight += 1
             try:
                 outcome = await self._attempt(job)
             finally:
-                self.progress.in_flight -= 1
-            # Look up _pending only now: the store loop swaps in a new list while we wait.
+                progress.in_flight -= 1
+            # Look up _pending only now: the store task swaps in a new list while we wait.
             self._pending.append(outcome)
-            if len(self._pending) >= self._concurrency:
+            if self._cycle_due() or (self._stop and not progress.in_flight):
                 self._wake.set()
 
     async def _attempt(self, job: Job) -> Outcome:
-        await self._limiter.acquire(self._estimate(job) if self._estimate else 0)
         started = time.time()
         try:
             reply = await self._provider.send(job.endpoint, job.body)
@@ -230,18 +269,22 @@ class Worker:
             self.fatal = self.fatal or err
             self.stop()
             return out
-        if err.retry_after_s is not None:
-            self._limiter.pause(err.retry_after_s)
         # A rate limit is the client's pace, not the job's fault: it costs no attempt.
-        if err.error_type != "rate_limit":
+        rate_limited = err.error_type == "rate_limit"
+        if not rate_limited:
             out.attempts += 1
-        if not err.retryable or out.attempts >= self._retry.max_attempts:
-            out.state, out.finished_at = DEAD, now
-            return out
-        out.next_at = now + backoff.delay(
+        wait_s = backoff.delay(
             max(1, out.attempts),
             base_s=self._retry.base_s,
             cap_s=self._retry.cap_s,
             retry_after_s=err.retry_after_s,
         )
+        if err.retry_after_s is not None or rate_limited:
+            # The server's pace holds for every request, not just this one: pause all senders
+            # (for as long as it said, or for this job's backoff if it named no time).
+            self._limiter.pause(err.retry_after_s if err.retry_after_s is not None else wait_s)
+        if not err.retryable or out.attempts >= self._retry.max_attempts:
+            out.state, out.finished_at = DEAD, now
+            return out
+        out.next_at = now + wait_s
         return out
