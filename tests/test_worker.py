@@ -1,0 +1,454 @@
+"""The worker and OpenAIProvider over httpx.MockTransport, with a real SQLite store in tmp_path.
+
+Every reply is scripted per prompt, so each test says exactly what the server does to which
+job, and checks what the store holds afterwards (state, attempts, error, response), the
+requests that reached the "server", and the worker's counters. Backoff is cut to
+milliseconds and the limiter's sleep is recorded, so nothing here waits on the wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from aiq.inputs import Defaults, read_requests
+from aiq.limiter import RateLimiter
+from aiq.providers.base import ProviderError
+from aiq.providers.openai import OpenAIProvider
+from aiq.store import DEAD, DONE, QUEUED, RUNNING, JobStore, Source
+from aiq.worker import Progress, RetryPolicy, Worker
+
+KEY = "sk-test-worker"
+BASE_URL = "http://api.test/v1"
+FAST = RetryPolicy(max_attempts=3, base_s=0.001, cap_s=0.01)
+
+Reply = httpx.Response | Exception
+Script = Callable[[str, int], Reply]  # (prompt, how many times it was sent before) -> reply
+
+
+def completion(prompt: str, *, tokens: tuple[int, int] = (7, 3)) -> httpx.Response:
+    """A well-formed chat completion for ``prompt``."""
+    body = {
+        "id": f"chatcmpl-{prompt}",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": f"re: {prompt}"}}],
+        "usage": {"prompt_tokens": tokens[0], "completion_tokens": tokens[1]},
+    }
+    return httpx.Response(200, json=body, headers={"x-request-id": f"req-{prompt}"})
+
+
+def error(status: int, message: str, *, code: str | None = None, **headers: str) -> httpx.Response:
+    """An OpenAI-shaped error reply."""
+    body = {"error": {"message": message, "type": "error", "param": None, "code": code}}
+    return httpx.Response(status, json=body, headers=headers)
+
+
+@dataclass
+class Server:
+    """A MockTransport handler that answers each prompt as ``script`` says, and logs calls."""
+
+    script: Script
+    calls: Counter[str] = field(default_factory=Counter)
+    requests: list[httpx.Request] = field(default_factory=list)
+    on_request: Callable[[], None] | None = None
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        prompt = orjson.loads(request.content)["messages"][-1]["content"]
+        seen = self.calls[prompt]
+        self.calls[prompt] += 1
+        if self.on_request is not None:
+            self.on_request()
+        reply = self.script(prompt, seen)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
+@dataclass
+class Run:
+    """What a run left behind: per-prompt store rows, the worker, the server and the store."""
+
+    rows: dict[str, dict[str, Any]]
+    worker: Worker
+    server: Server
+    counts: dict[str, int]
+    sleeps: list[float]
+
+
+# The columns of JobStore.result_rows, in order.
+_COLUMNS = (
+    "custom_id", "line", "id", "k64", "status_code", "request_id", "response", "attempts",
+    "error_type", "error_message", "first_attempt_at", "finished_at",
+)  # fmt: skip
+
+
+async def _rows(store: JobStore, source: Source) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for state in (QUEUED, RUNNING, DONE, DEAD):
+        async for row in store.result_rows(source, state=state):
+            item = dict(zip(_COLUMNS, row, strict=True))
+            item["state"] = state
+            rows[item["custom_id"]] = item
+    return rows
+
+
+def run_worker(
+    tmp_path: Path,
+    prompts: list[str],
+    script: Script,
+    *,
+    concurrency: int = 1,
+    retry: RetryPolicy = FAST,
+    configure: Callable[[Worker, Server], None] | None = None,
+    on_sleep: Callable[[Worker], None] | None = None,
+) -> Run:
+    """Enqueue one prompt line per prompt (custom_id = prompt), run a Worker to the end.
+
+    The limiter's clock stands still and its sleep only records how long it was asked to
+    wait (then calls ``on_sleep``), so pauses are checked without waiting them out.
+    """
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"custom_id": p, "prompt": p}) + b"\n" for p in prompts))
+    server = Server(script)
+    sleeps: list[float] = []
+    workers: list[Worker] = []
+
+    async def record_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if on_sleep is not None:
+            on_sleep(workers[0])
+
+    async def scenario() -> Run:
+        store = await JobStore.open(tmp_path / "aiq.db")
+        try:
+            source = await store.add_source(
+                str(path), out_path=str(tmp_path / "out"), dead_path=str(tmp_path / "dead")
+            )
+            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            provider = OpenAIProvider(httpx.MockTransport(server), base_url=BASE_URL, api_key=KEY)
+            limiter = RateLimiter(clock=lambda: 0.0, sleep=record_sleep)
+            worker = Worker(store, provider, concurrency=concurrency, limiter=limiter, retry=retry)
+            workers.append(worker)
+            if configure is not None:
+                configure(worker, server)
+            await asyncio.wait_for(worker.run(), 10)
+            counts = (await store.stats()).counts
+            return Run(await _rows(store, source), worker, server, counts, sleeps)
+        finally:
+            await store.close()
+
+    return asyncio.run(scenario())
+
+
+def always(reply: Callable[[str], Reply]) -> Script:
+    return lambda prompt, _seen: reply(prompt)
+
+
+def first(replies: list[Callable[[str], Reply]]) -> Script:
+    """The n-th send of a prompt gets ``replies[n]``; later sends get a completion."""
+    return lambda p, seen: replies[seen](p) if seen < len(replies) else completion(p)
+
+
+# -- success -------------------------------------------------------------------------------------
+
+
+def test_200_is_recorded_as_sent_and_counted(tmp_path: Path) -> None:
+    run = run_worker(tmp_path, ["a", "b", "c"], always(completion), concurrency=2)
+
+    assert run.counts == {"queued": 0, "running": 0, "done": 3, "dead": 0}
+    row = run.rows["a"]
+    assert row["state"] == DONE and row["attempts"] == 1 and row["status_code"] == 200
+    assert row["request_id"] == "req-a"
+    assert orjson.loads(row["response"])["choices"][0]["message"]["content"] == "re: a"
+    assert row["error_type"] is None and row["finished_at"] >= row["first_attempt_at"]
+    p = run.worker.progress
+    assert (p.done, p.done_now, p.dead, p.retries, p.in_flight) == (3, 3, 0, 0, 0)
+    assert (p.tokens_in, p.tokens_out) == (21, 9)
+    assert run.worker.fatal is None
+
+
+def test_request_carries_url_headers_body_and_timeouts(tmp_path: Path) -> None:
+    run = run_worker(tmp_path, ["a"], always(completion))
+
+    (request,) = run.server.requests
+    assert request.method == "POST"
+    assert str(request.url) == "http://api.test/v1/chat/completions"  # no "/v1/v1"
+    assert request.headers["authorization"] == f"Bearer {KEY}"
+    assert request.headers["content-type"] == "application/json"
+    assert orjson.loads(request.content) == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "a"}],
+    }
+    assert request.extensions["timeout"] == {
+        "connect": 10.0,
+        "read": 120.0,
+        "write": 120.0,
+        "pool": None,
+    }
+
+
+# -- retries -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "pause_s"),
+    [({"retry-after": "0.002"}, 0.002), ({"retry-after-ms": "3"}, 0.003)],
+    ids=["retry-after", "retry-after-ms"],
+)
+def test_429_pauses_every_sender_and_costs_no_attempt(
+    tmp_path: Path, headers: dict[str, str], pause_s: float
+) -> None:
+    def script(prompt: str, seen: int) -> Reply:
+        if prompt == "a" and seen == 0:
+            return error(429, "Rate limit reached", code="rate_limit_exceeded", **headers)
+        return completion(prompt)
+
+    run = run_worker(tmp_path, ["a", "b", "c"], script)
+
+    assert run.counts["done"] == 3
+    assert run.rows["a"]["attempts"] == 1  # the 429 was not counted against the job
+    assert run.server.calls == {"a": 2, "b": 1, "c": 1}
+    # The clock stands still, so every send after the 429 waits out the server's pause.
+    assert run.sleeps == [pytest.approx(pause_s)] * 3
+    assert run.worker.progress.retries == 1
+
+
+def test_429_without_a_delay_still_pauses_for_the_backoff(tmp_path: Path) -> None:
+    script = first([lambda p: error(429, "Too many requests")])
+    run = run_worker(tmp_path, ["a"], script)
+
+    assert run.rows["a"]["state"] == DONE and run.rows["a"]["attempts"] == 1
+    assert len(run.sleeps) == 1 and 0 <= run.sleeps[0] <= FAST.base_s
+
+
+def test_500_then_200_is_done_on_the_second_attempt(tmp_path: Path) -> None:
+    script = first([lambda p: error(500, "The server had an error")])
+    run = run_worker(tmp_path, ["a", "b"], script)
+
+    assert run.counts["done"] == 2
+    assert run.rows["a"]["attempts"] == 2 and run.rows["a"]["state"] == DONE
+    assert run.server.calls == {"a": 2, "b": 2}
+    assert run.worker.progress.retries == 2
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        lambda p: httpx.Response(200, content=b"<html>gateway</html>"),
+        lambda p: httpx.Response(200, json={"id": "x", "object": "chat.completion"}),
+        lambda p: httpx.Response(200, json=["not", "an", "object"]),
+    ],
+    ids=["not-json", "no-choices", "not-an-object"],
+)
+def test_malformed_200_is_retried(tmp_path: Path, reply: Callable[[str], Reply]) -> None:
+    run = run_worker(tmp_path, ["a"], first([reply]))
+
+    assert run.rows["a"]["state"] == DONE and run.rows["a"]["attempts"] == 2
+    assert orjson.loads(run.rows["a"]["response"])["choices"]
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        httpx.ConnectError("connection refused"),
+        httpx.RemoteProtocolError("server disconnected"),
+        httpx.ReadTimeout("timed out"),
+    ],
+    ids=["refused", "hang-up", "timeout"],
+)
+def test_transport_errors_are_retried(tmp_path: Path, exc: Exception) -> None:
+    run = run_worker(tmp_path, ["a"], first([lambda p: exc]))
+
+    assert run.rows["a"]["state"] == DONE and run.rows["a"]["attempts"] == 2
+
+
+def test_max_attempts_exhausted_is_dead_with_the_last_error(tmp_path: Path) -> None:
+    run = run_worker(tmp_path, ["a", "b"], lambda p, seen: error(503, f"overloaded {seen}"))
+
+    assert run.counts == {"queued": 0, "running": 0, "done": 0, "dead": 2}
+    row = run.rows["a"]
+    assert row["attempts"] == FAST.max_attempts
+    assert (row["error_type"], row["status_code"]) == ("server", 503)
+    assert row["error_message"] == f"HTTP 503: overloaded {FAST.max_attempts - 1}"
+    assert run.server.calls == {"a": 3, "b": 3}
+    p = run.worker.progress
+    assert (p.dead, p.dead_now, p.retries) == (2, 2, 4)
+
+
+# -- permanent and fatal errors ------------------------------------------------------------------
+
+
+def test_400_is_dead_at_once_with_the_servers_message(tmp_path: Path) -> None:
+    def script(prompt: str, seen: int) -> Reply:
+        if prompt == "bad":
+            return error(400, "Invalid 'messages[0].content': too long.")
+        return completion(prompt)
+
+    run = run_worker(tmp_path, ["ok", "bad"], script)
+
+    row = run.rows["bad"]
+    assert (row["state"], row["attempts"], row["status_code"]) == (DEAD, 1, 400)
+    assert row["error_type"] == "invalid_request"
+    assert row["error_message"] == "HTTP 400: Invalid 'messages[0].content': too long."
+    assert run.server.calls["bad"] == 1
+    assert run.rows["ok"]["state"] == DONE
+
+
+def test_401_stops_the_run_and_leaves_every_job_queued(tmp_path: Path) -> None:
+    run = run_worker(
+        tmp_path, ["a", "b", "c", "d"], always(lambda p: error(401, "Incorrect API key"))
+    )
+
+    assert run.worker.fatal is not None and run.worker.fatal.error_type == "auth"
+    assert "OPENAI_API_KEY" in run.worker.fatal.message  # says what to fix
+    assert run.counts == {"queued": 4, "running": 0, "done": 0, "dead": 0}
+    assert all(row["attempts"] == 0 for row in run.rows.values())
+    assert sum(run.server.calls.values()) == 1  # one sender: nothing sent after the 401
+    assert run.worker.progress.retries == 0
+
+
+def test_fatal_error_drains_the_requests_in_flight(tmp_path: Path) -> None:
+    """With many senders, what was already sent is recorded; nothing is dead-lettered."""
+
+    def script(prompt: str, seen: int) -> Reply:
+        return error(404, "The model `m` does not exist") if prompt == "p3" else completion(prompt)
+
+    run = run_worker(tmp_path, [f"p{i}" for i in range(40)], script, concurrency=8)
+
+    assert run.worker.fatal is not None and run.worker.fatal.error_type == "not_found"
+    assert run.counts["dead"] == 0 and run.counts["running"] == 0
+    assert run.counts["done"] == sum(run.server.calls.values()) - 1
+    assert run.rows["p3"]["state"] == QUEUED and run.rows["p3"]["attempts"] == 0
+
+
+def test_stop_releases_claimed_jobs_that_were_not_sent(tmp_path: Path) -> None:
+    def configure(worker: Worker, server: Server) -> None:
+        def stop_after_three() -> None:
+            if len(server.requests) == 3:
+                worker.stop()
+
+        server.on_request = stop_after_three
+
+    run = run_worker(
+        tmp_path,
+        [f"p{i}" for i in range(50)],
+        always(completion),
+        concurrency=2,
+        configure=configure,
+    )
+
+    sent = sum(run.server.calls.values())
+    assert 3 <= sent <= 4  # the other sender may have had one in flight
+    assert run.counts == {"queued": 50 - sent, "running": 0, "done": sent, "dead": 0}
+    assert run.worker.progress.done_now == sent
+    assert all(row["attempts"] == 0 for row in run.rows.values() if row["state"] == QUEUED)
+
+
+def test_stop_during_a_429_pause_sends_nothing_more(tmp_path: Path) -> None:
+    """A sender held by the limiter when the run stops gives its job back unsent."""
+
+    def script(prompt: str, seen: int) -> Reply:
+        return error(429, "Slow down", **{"retry-after-ms": "5"})
+
+    # The limiter's sleep stops the worker, as a signal arriving mid-pause would.
+    run = run_worker(tmp_path, ["a", "b"], script, on_sleep=lambda worker: worker.stop())
+
+    assert sum(run.server.calls.values()) == 1
+    assert run.counts == {"queued": 2, "running": 0, "done": 0, "dead": 0}
+    assert all(row["attempts"] == 0 for row in run.rows.values())
+
+
+# -- the provider on its own ---------------------------------------------------------------------
+
+
+def _send(
+    handler: Callable[[httpx.Request], httpx.Response],
+    endpoint: str = "/v1/chat/completions",
+    *,
+    base_url: str = BASE_URL,
+) -> Coroutine[Any, Any, Any]:
+    """One ``send`` of an empty body through a keyless provider over ``handler``."""
+    provider = OpenAIProvider(httpx.MockTransport(handler), base_url=base_url, api_key=None)
+    return provider.send(endpoint, b"{}")
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected_s"),
+    [({"retry-after": "2"}, 2.0), ({"retry-after-ms": "1500"}, 1.5), ({}, None)],
+)
+def test_provider_reads_the_servers_delay(headers: dict[str, str], expected_s: float) -> None:
+    with pytest.raises(ProviderError) as info:
+        asyncio.run(_send(lambda r: error(429, "slow down", **headers)))
+    err = info.value
+    assert (err.error_type, err.retryable, err.fatal) == ("rate_limit", True, False)
+    assert err.retry_after_s == expected_s
+
+
+def test_provider_urls_headers_and_gzip() -> None:
+    seen: list[httpx.Request] = []
+    payload = orjson.dumps({"object": "list", "data": [], "usage": {"prompt_tokens": 4}})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        headers = {"content-encoding": "gzip", "x-request-id": "req-9"}
+        return httpx.Response(200, content=gzip.compress(payload), headers=headers)
+
+    async def main() -> Any:
+        return await _send(handler, "/v1/embeddings", base_url="http://host:8000/")
+
+    reply = asyncio.run(main())
+    assert str(seen[0].url) == "http://host:8000/v1/embeddings"  # base without /v1 keeps it
+    assert "authorization" not in seen[0].headers  # no key, no header
+    assert reply.body == payload  # decoded, as the store keeps it
+    assert (reply.request_id, reply.tokens_in, reply.tokens_out) == ("req-9", 4, 0)
+
+
+def test_provider_classifies_fatal_errors() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.UnsupportedProtocol("Request URL has an unsupported protocol 'ftp://'.")
+
+    handlers: dict[str, Callable[[httpx.Request], httpx.Response]] = {
+        "key": lambda r: error(401, "Incorrect API key provided", code="invalid_api_key"),
+        "model": lambda r: error(404, "The model `x` does not exist", code="model_not_found"),
+        "quota": lambda r: error(429, "You exceeded your current quota", code="insufficient_quota"),
+        "base-url": refuse,
+    }
+
+    async def main() -> dict[str, tuple[str, bool, bool]]:
+        out = {}
+        for name, handler in handlers.items():
+            with pytest.raises(ProviderError) as info:
+                await _send(handler)
+            out[name] = (info.value.error_type, info.value.retryable, info.value.fatal)
+        return out
+
+    assert asyncio.run(main()) == {
+        "key": ("auth", False, True),
+        "model": ("not_found", False, True),
+        "quota": ("quota", False, True),
+        "base-url": ("connection", False, True),
+    }
+
+
+def test_progress_counts_only_what_the_store_committed(tmp_path: Path) -> None:
+    """Counters are bumped after the commit: a run's figures equal the store's."""
+
+    def script(prompt: str, seen: int) -> Reply:
+        if prompt.endswith("7"):
+            return error(400, "no")
+        return completion(prompt) if seen else error(502, "bad gateway")
+
+    run = run_worker(tmp_path, [f"p{i}" for i in range(30)], script, concurrency=4)
+    p: Progress = run.worker.progress
+    assert (p.done, p.dead) == (run.counts["done"], run.counts["dead"]) == (27, 3)
+    assert p.retries == 27
