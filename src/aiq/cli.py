@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -66,6 +67,17 @@ StrictOpt = Annotated[
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the final summary.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")]
+MaxRuntimeOpt = Annotated[
+    float | None,
+    typer.Option("--max-runtime", help="Stop claiming after SECONDS, drain, exit 5 (resumable)."),
+]
+MetricsOpt = Annotated[
+    str | None,
+    typer.Option("--metrics-file", help="Write Prometheus metrics here (textfile collector)."),
+]
+LogFileOpt = Annotated[
+    Path | None, typer.Option("--log-file", help="Append timestamped progress and summary here.")
+]
 WaitOpt = Annotated[
     float, typer.Option("--wait", help="Wait up to SECONDS for another run to release the store.")
 ]
@@ -79,9 +91,6 @@ def _guard(show_traceback: bool, fn: Callable[[], T]) -> T:
         if show_traceback:
             raise
         print(f"error: {exc}", file=sys.stderr)
-        summary = getattr(exc, "summary", None)
-        if summary is not None:
-            _print_run_summary(summary, as_json=False)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -129,16 +138,44 @@ def add(
     _guard(traceback, body)
 
 
+class _Display:
+    """Where a run's progress and summary go: terminal, plain lines, JSON, a log file."""
+
+    def __init__(self, quiet: bool, as_json: bool, log_file: Path | None) -> None:
+        self.as_json = as_json
+        self._log = log_file.open("a", encoding="utf-8") if log_file else None
+        shows: list[Any] = []
+        if not (quiet or as_json):
+            shows.append(LiveProgress(_console()) if _fancy() else PlainProgress(sys.stderr))
+        if self._log is not None:
+            shows.append(PlainProgress(self._log))
+        self._shows = shows
+
+    def progress(self, p: Any) -> None:
+        for show in self._shows:
+            show(p)
+
+    def summary(self, s: runner.RunSummary) -> None:
+        lines = _summary_lines(s)
+        if self.as_json:
+            print(json.dumps(_summary_json(s)))
+        else:
+            print("\n".join(lines))
+        if self._log is not None:
+            stamp = datetime.now().astimezone().isoformat(timespec="seconds")
+            self._log.writelines(f"{stamp} {line}\n" for line in lines)
+
+    def close(self) -> None:
+        for show in self._shows:
+            show.close()
+        if self._log is not None:
+            self._log.close()
+
+
 def _run(
     input_path: Path | None, cfg: Config, out: str | None, dead: str | None,
-    quiet: bool, as_json: bool, wait: float,
+    display: _Display, wait: float,
 ) -> None:  # fmt: skip
-    if quiet or as_json:
-        display: Any = None
-    elif _fancy():
-        display = LiveProgress(_console())
-    else:
-        display = PlainProgress(sys.stderr)
     try:
         summary = asyncio.run(
             runner.run_batch(
@@ -146,69 +183,72 @@ def _run(
                 input_path=input_path,
                 out=out,
                 dead=dead,
-                on_progress=display,
+                on_progress=display.progress,
                 handle_signals=True,
                 lock_wait_s=wait,
             )
         )
+        display.summary(summary)
+    except AiqError as exc:
+        partial = getattr(exc, "summary", None)
+        if partial is not None:
+            display.summary(partial)
+        raise
     finally:
-        if display is not None:
-            display.close()
-    _print_run_summary(summary, as_json=as_json)
+        display.close()
     raise typer.Exit(summary.exit_code)
 
 
-def _print_run_summary(s: runner.RunSummary, *, as_json: bool) -> None:
+def _summary_json(s: runner.RunSummary) -> dict[str, Any]:
     p = s.progress
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "exit_code": s.exit_code,
-                    "stopped": s.stopped,
-                    "duration_s": round(s.duration_s, 3),
-                    "done_now": p.done_now,
-                    "dead_now": p.dead_now,
-                    "retries": p.retries,
-                    "tokens_in": p.tokens_in,
-                    "tokens_out": p.tokens_out,
-                    "status": s.stats.as_dict(),
-                    "outputs": [
-                        {
-                            "input": e.source,
-                            "results": e.results_path,
-                            "dead": e.dead_path,
-                            "results_count": e.results,
-                            "dead_count": e.dead,
-                        }
-                        for e in s.exports
-                    ],
-                }
-            )
-        )
-        return
+    return {
+        "exit_code": s.exit_code,
+        "stopped": s.stopped,
+        "duration_s": round(s.duration_s, 3),
+        "done_now": p.done_now,
+        "dead_now": p.dead_now,
+        "retries": p.retries,
+        "tokens_in": p.tokens_in,
+        "tokens_out": p.tokens_out,
+        "status": s.stats.as_dict(),
+        "outputs": [
+            {"input": e.source, "results": e.results_path, "dead": e.dead_path,
+             "results_count": e.results, "dead_count": e.dead}
+            for e in s.exports
+        ],
+    }  # fmt: skip
+
+
+def _summary_lines(s: runner.RunSummary) -> list[str]:
+    p = s.progress
+    lines = []
     if s.added is not None:
         a = s.added
-        print(f"added: {a.new} new, {a.known} known, {a.changed} changed, {a.invalid} invalid")
+        lines.append(
+            f"added: {a.new} new, {a.known} known, {a.changed} changed, {a.invalid} invalid"
+        )
         for bad in a.bad_lines[:20]:
             print(f"invalid: {bad}", file=sys.stderr)
     c = s.stats.counts
-    print(
+    lines.append(
         f"finished {p.done_now} and dead-lettered {p.dead_now} in "
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {p.retries} retries, "
         f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out"
     )
-    print(
+    lines.append(
         f"store: {c['done']} done, {c['dead']} dead, {c['queued']} queued, "
         f"{c['running']} running of {s.stats.total}"
     )
     for e in s.exports:
-        print(f"results: {e.results_path} ({e.results} lines)")
-        print(f"dead letters: {e.dead_path} ({e.dead} lines)")
+        lines.append(f"results: {e.results_path} ({e.results} lines)")
+        lines.append(f"dead letters: {e.dead_path} ({e.dead} lines)")
     if s.stopped == "interrupted":
-        print("interrupted: run `aiq resume` to carry on where this stopped")
-    elif c["dead"]:
-        print("some jobs are dead: fix the cause, then `aiq replay-dead` and `aiq resume`")
+        lines.append("interrupted: run `aiq resume` to carry on where this stopped")
+    elif s.stopped == "limit":
+        lines.append("stopped at --max-runtime: run `aiq resume` to carry on")
+    elif s.stopped is None and c["dead"]:
+        lines.append("some jobs are dead: fix the cause, then `aiq replay-dead` and `aiq resume`")
+    return lines
 
 
 @app.command()
@@ -228,6 +268,9 @@ def run(
     timeout: TimeoutOpt = None,
     order: OrderOpt = None,
     strict: StrictOpt = False,
+    max_runtime: MaxRuntimeOpt = None,
+    metrics_file: MetricsOpt = None,
+    log_file: LogFileOpt = None,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
@@ -240,8 +283,9 @@ def run(
             db, config, provider=provider, base_url=base_url, model=model,
             concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
             timeout_s=timeout, order=order, strict=strict or None,
+            max_runtime_s=max_runtime, metrics_file=metrics_file,
         )  # fmt: skip
-        _run(file, cfg, out, dead, quiet, as_json, wait)
+        _run(file, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
 
     _guard(traceback, body)
 
@@ -260,6 +304,9 @@ def resume(
     max_attempts: AttemptsOpt = None,
     timeout: TimeoutOpt = None,
     order: OrderOpt = None,
+    max_runtime: MaxRuntimeOpt = None,
+    metrics_file: MetricsOpt = None,
+    log_file: LogFileOpt = None,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
@@ -271,8 +318,9 @@ def resume(
         cfg = _config(
             db, config, provider=provider, base_url=base_url, concurrency=concurrency,
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
+            max_runtime_s=max_runtime, metrics_file=metrics_file,
         )  # fmt: skip
-        _run(None, cfg, out, dead, quiet, as_json, wait)
+        _run(None, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
 
     _guard(traceback, body)
 

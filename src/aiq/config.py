@@ -52,6 +52,8 @@ class Config:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
     grace_s: float = 30.0
+    max_runtime_s: float | None = None  # stop claiming after this long; exit 5, resumable
+    metrics_file: str | None = None  # Prometheus textfile, rewritten during and after a run
     order: str = "done"
     strict: bool = False
     simulated_latency_s: float = 0.5
@@ -67,6 +69,8 @@ class Config:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"{name} must be positive, got {value}")
+        if self.max_runtime_s is not None and self.max_runtime_s <= 0:
+            raise UsageError(f"max_runtime must be positive, got {self.max_runtime_s}")
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise UsageError("timeouts must be positive")
         if self.order not in ("done", "input"):
@@ -116,7 +120,12 @@ class Config:
 
 
 _FILE_KEYS = {f.name for f in fields(Config)} - {"api_key"}
-_ALIASES = {"timeout": "timeout_s", "connect_timeout": "connect_timeout_s", "grace": "grace_s"}
+_ALIASES = {
+    "timeout": "timeout_s",
+    "connect_timeout": "connect_timeout_s",
+    "grace": "grace_s",
+    "max_runtime": "max_runtime_s",
+}
 
 
 def _default_config_path() -> Path | None:

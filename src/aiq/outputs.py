@@ -42,13 +42,14 @@ def _request_id(k64: int) -> str:
 class _AtomicFile:
     """Write to ``<path>.tmp-<pid>``, fsync, then rename over ``path`` (owner-only, 0600)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, mode: int = 0o600) -> None:
         self.path = path
         self.tmp = f"{path}.tmp-{os.getpid()}"
+        self.mode = mode
 
     def __enter__(self) -> IO[bytes]:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
         self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
         return self._f
 
@@ -64,6 +65,12 @@ class _AtomicFile:
         else:
             with contextlib.suppress(OSError):
                 os.unlink(self.tmp)
+
+
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` atomically."""
+    with _AtomicFile(path, mode=mode) as f:
+        f.write(data)
 
 
 async def export_source(

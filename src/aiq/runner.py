@@ -17,10 +17,11 @@ from pathlib import Path
 import httpx
 
 from .config import OPENAI_BASE_URL, Config
-from .errors import FatalProviderError, InputError, Interrupted, UsageError
+from .errors import FatalProviderError, InputError, Interrupted, LimitReached, UsageError
 from .inputs import read_requests
 from .limiter import RateLimiter
 from .lock import StoreLock
+from .metrics import MetricsWriter
 from .outputs import Export, export_source
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
@@ -39,14 +40,16 @@ class RunSummary:
     progress: Progress
     stats: Stats
     exports: list[Export] = field(default_factory=list)
-    stopped: str | None = None  # None (ran to the end), "interrupted", "fatal"
+    stopped: str | None = None  # None (ran to the end), "interrupted", "limit", "fatal"
     duration_s: float = 0.0
 
     @property
     def exit_code(self) -> int:
-        """0 all done, 1 some dead, 4 fatal provider error, 130 interrupted (DESIGN.md)."""
+        """0 all done, 1 some dead, 4 fatal, 5 a user limit, 130 interrupted (DESIGN.md)."""
         if self.stopped == "fatal":
             return FatalProviderError.exit_code
+        if self.stopped == "limit":
+            return LimitReached.exit_code
         if self.stopped == "interrupted":
             return Interrupted.exit_code
         return 1 if any(e.dead for e in self.exports) else 0
@@ -174,16 +177,20 @@ async def run_batch(
                 progress=progress,
                 estimate_tokens=_estimator(config),
             )
+            metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
+            tick = _ticker(on_progress, metrics)
             try:
-                stopped = await _work(worker, config, on_progress, progress_interval_s,
-                                      handle_signals)  # fmt: skip
+                stopped = await _work(worker, config, tick, progress_interval_s, handle_signals)
             finally:
                 await transport.aclose()
             exports = await _export_all(store, config, input_path, out, dead)
             summary = RunSummary(added, progress, await store.stats(), exports, stopped)
+            if worker.fatal is not None:
+                summary.stopped = "fatal"
+            if metrics is not None:
+                metrics.finish(progress, summary.stats, summary.exit_code)
     summary.duration_s = time.monotonic() - started
     if worker.fatal is not None:
-        summary.stopped = "fatal"
         raise_fatal = FatalProviderError(
             f"the provider refused the run: {worker.fatal.message}; every job is kept, "
             "fix it and run `aiq resume`"
@@ -193,6 +200,20 @@ async def run_batch(
     return summary
 
 
+def _ticker(
+    on_progress: ProgressCallback | None, metrics: MetricsWriter | None
+) -> ProgressCallback | None:
+    if metrics is None:
+        return on_progress
+
+    def tick(p: Progress) -> None:
+        if on_progress is not None:
+            on_progress(p)
+        metrics.tick(p)
+
+    return tick
+
+
 async def _work(
     worker: Worker,
     config: Config,
@@ -200,40 +221,52 @@ async def _work(
     interval_s: float,
     handle_signals: bool,
 ) -> str | None:
-    """Run the worker with a progress ticker and signal handling; returns why it stopped."""
+    """Run the worker with a progress ticker, signals and --max-runtime; returns why it stopped.
+
+    A stop (signal, deadline, fatal error) drains: in-flight requests get ``grace_s`` to finish
+    and be recorded, then are abandoned (their jobs are released and retried on resume).
+    """
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(worker.run())
+    reason: str | None = None
     signals = 0
 
     def on_signal() -> None:
-        nonlocal signals
+        nonlocal signals, reason
         signals += 1
+        reason = "interrupted"
         worker.stop()
-        if signals > 1:  # a second signal abandons what is in flight; resume retries it
+        if signals > 1:  # a second signal abandons what is in flight at once
             task.cancel()
 
+    def on_deadline() -> None:
+        nonlocal reason
+        reason = reason or "limit"
+        worker.stop()
+
+    deadline = loop.call_later(config.max_runtime_s, on_deadline) if config.max_runtime_s else None
     if handle_signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
+    abandon_at: float | None = None
     try:
         while not task.done():
             await asyncio.wait([task], timeout=interval_s)
             if on_progress is not None:
                 on_progress(worker.progress)
-            if worker.stopping and signals and not task.done():
-                # Drain for at most grace_s, then abandon.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(task), config.grace_s)
+            if worker.stopping and abandon_at is None:
+                abandon_at = loop.time() + config.grace_s
+            if abandon_at is not None and loop.time() >= abandon_at:
                 task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
     finally:
+        if deadline is not None:
+            deadline.cancel()
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-    if worker.fatal is not None:
-        return "fatal"
-    return "interrupted" if signals else None
+    return "fatal" if worker.fatal is not None else reason
 
 
 async def _export_all(

@@ -1,0 +1,92 @@
+"""A Prometheus text-format metrics file, for node_exporter's textfile collector.
+
+Written atomically (temporary file + rename) every few seconds during a run and once at its
+end, so the collector never reads half a file.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .outputs import write_atomic
+from .store import Stats
+from .worker import Progress
+
+
+@dataclass(slots=True)
+class RunClock:
+    """Wall-clock start and end of a run, and how it ended."""
+
+    started_at: float
+    ended_at: float | None = None
+    exit_code: int | None = None
+
+
+def render(p: Progress, clock: RunClock, stats: Stats | None = None) -> str:
+    """The metrics text. With ``stats`` (the end of a run) job counts come from the store."""
+    if stats is not None:
+        counts = dict(stats.counts)
+        oldest = stats.oldest_queued_s or 0.0
+    else:
+        running = p.in_flight
+        queued = max(0, p.total - p.done - p.dead - running)
+        counts = {"queued": queued, "running": running, "done": p.done, "dead": p.dead}
+        oldest = None
+    lines = [
+        "# HELP aiq_jobs Jobs in the store by state.",
+        "# TYPE aiq_jobs gauge",
+        *(f'aiq_jobs{{state="{state}"}} {n}' for state, n in counts.items()),
+        "# HELP aiq_tokens_total Tokens used by this run, from the providers' usage.",
+        "# TYPE aiq_tokens_total counter",
+        f'aiq_tokens_total{{direction="in"}} {p.tokens_in}',
+        f'aiq_tokens_total{{direction="out"}} {p.tokens_out}',
+        "# HELP aiq_requests_total Requests of this run by outcome.",
+        "# TYPE aiq_requests_total counter",
+        f'aiq_requests_total{{outcome="done"}} {p.done_now}',
+        f'aiq_requests_total{{outcome="retry"}} {p.retries}',
+        f'aiq_requests_total{{outcome="dead"}} {p.dead_now}',
+        "# HELP aiq_in_flight Requests in flight.",
+        "# TYPE aiq_in_flight gauge",
+        f"aiq_in_flight {p.in_flight}",
+        "# HELP aiq_last_run_start_timestamp_seconds When the last run started.",
+        "# TYPE aiq_last_run_start_timestamp_seconds gauge",
+        f"aiq_last_run_start_timestamp_seconds {clock.started_at:.3f}",
+    ]
+    if clock.ended_at is not None:
+        lines += [
+            "# HELP aiq_last_run_end_timestamp_seconds When the last run ended.",
+            "# TYPE aiq_last_run_end_timestamp_seconds gauge",
+            f"aiq_last_run_end_timestamp_seconds {clock.ended_at:.3f}",
+            "# HELP aiq_last_run_exit_code The last run's exit code (0 all done, see README).",
+            "# TYPE aiq_last_run_exit_code gauge",
+            f"aiq_last_run_exit_code {clock.exit_code}",
+        ]
+    if oldest is not None:
+        lines += [
+            "# HELP aiq_oldest_queued_age_seconds Age of the oldest queued job.",
+            "# TYPE aiq_oldest_queued_age_seconds gauge",
+            f"aiq_oldest_queued_age_seconds {oldest:.1f}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+class MetricsWriter:
+    """Rewrites the metrics file at most every ``every_s`` seconds, and at the end."""
+
+    def __init__(self, path: str, *, every_s: float = 5.0) -> None:
+        self.path = path
+        self.clock = RunClock(started_at=time.time())
+        self._every_s = every_s
+        self._last = 0.0
+
+    def tick(self, p: Progress) -> None:
+        now = time.monotonic()
+        if now - self._last >= self._every_s:
+            self._last = now
+            write_atomic(self.path, render(p, self.clock).encode(), mode=0o644)
+
+    def finish(self, p: Progress, stats: Stats, exit_code: int) -> None:
+        self.clock.ended_at = time.time()
+        self.clock.exit_code = exit_code
+        write_atomic(self.path, render(p, self.clock, stats).encode(), mode=0o644)

@@ -1,0 +1,88 @@
+"""The cron contract: --max-runtime, --json, --quiet, --log-file, --metrics-file, SIGTERM drain."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+from conftest import read_jsonl, run_aiq, start_aiq, write_prompts
+from fakeserver import FakeServer
+
+
+def _prompts(n: int) -> list[tuple[str, str]]:
+    return [(f"j{i}", f"cron prompt {i}") for i in range(n)]
+
+
+def test_max_runtime_drains_exports_and_exits_5_then_resume_finishes(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "n.jsonl", _prompts(400))
+    with FakeServer(latency_s=0.05) as server:
+        args = ["--base-url", server.base_url, "--concurrency", "4"]
+        proc = run_aiq(
+            "run", "n.jsonl", "--model", "m", *args, "--max-runtime", "1", "--json", cwd=tmp_path
+        )
+        assert proc.returncode == 5, proc.stderr
+        summary = json.loads(proc.stdout)
+        assert summary["exit_code"] == 5 and summary["stopped"] == "limit"
+        assert summary["status"]["counts"]["running"] == 0
+        done = summary["status"]["counts"]["done"]
+        assert 0 < done < 400
+        assert len(read_jsonl(tmp_path / "n.results.jsonl")) == done  # exported on the way out
+        assert len(server.requests) == done  # drained: everything sent was recorded
+
+        resumed = run_aiq("resume", *args, "--quiet", cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stderr
+    assert len(read_jsonl(tmp_path / "n.results.jsonl")) == 400
+    assert len({r.prompt for r in server.requests}) == len(server.requests) == 400
+
+
+def test_json_quiet_log_file_and_metrics(tmp_path: Path, server: FakeServer) -> None:
+    write_prompts(tmp_path / "m.jsonl", [*_prompts(20), ("bad", "FAIL_PERMANENT please")])
+    log, metrics = tmp_path / "aiq.log", tmp_path / "aiq.prom"
+    proc = run_aiq(
+        "run", "m.jsonl", "--model", "m", "--base-url", server.base_url, "--quiet",
+        "--log-file", log, "--metrics-file", metrics, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == ""  # --quiet: only the summary, on stdout
+    assert "\x1b[" not in proc.stdout
+    assert "results: " in proc.stdout
+
+    stamped = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d ")
+    lines = log.read_text().splitlines()
+    assert lines and all(stamped.match(line) for line in lines)
+    assert any("dead letters: " in line for line in lines)
+
+    text = metrics.read_text()
+    assert 'aiq_jobs{state="done"} 20' in text
+    assert 'aiq_jobs{state="dead"} 1' in text
+    assert 'aiq_requests_total{outcome="dead"} 1' in text
+    assert "aiq_last_run_exit_code 1" in text
+    assert re.search(r"^aiq_last_run_end_timestamp_seconds \d+\.\d+$", text, re.M)
+    for line in text.splitlines():  # Prometheus text format: comments or `name{labels} value`
+        assert line.startswith("# ") or re.match(r"^[a-z_]+(\{[a-z]+=\"[a-z]+\"\})? [\d.]+$", line)
+
+    again = run_aiq("run", "m.jsonl", "--model", "m", "--json", cwd=tmp_path)
+    summary = json.loads(again.stdout)  # nothing new: exits quickly, still one JSON object
+    assert summary["done_now"] == 0 and summary["outputs"][0]["results_count"] == 20
+
+
+def test_sigterm_drains_like_sigint(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "t.jsonl", _prompts(300))
+    with FakeServer(latency_s=0.05) as server:
+        args = ["--base-url", server.base_url, "--model", "m", "--concurrency", "8"]
+        proc = start_aiq("run", "t.jsonl", *args, cwd=tmp_path, capture=True)
+        deadline = time.monotonic() + 30
+        while len(server.requests) < 40 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert "aiq resume" in out
+        sent = len(server.requests)
+    status = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
+    assert status["counts"]["running"] == 0
+    assert status["counts"]["done"] == sent
+    assert len(read_jsonl(tmp_path / "t.results.jsonl")) == sent
