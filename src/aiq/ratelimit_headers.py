@@ -1,0 +1,109 @@
+"""Read a provider's rate-limit headers into one shape the limiter can follow.
+
+OpenAI sends ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` with resets as Go-style
+durations (``1s``, ``6m0s``, ``120ms``, ``59.99s``, ``1h2m3.5s``). Anthropic sends
+``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` with resets as RFC 3339
+times. Both describe the same thing: how much of the current window is left and when it refills.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One budget as the server reports it: limit per window, what is left, when it refills."""
+
+    limit: int | None
+    remaining: int | None
+    reset_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitInfo:
+    """The server's view of both budgets after one response."""
+
+    requests: Window
+    tokens: Window
+
+    @property
+    def empty(self) -> bool:
+        return all(
+            v is None
+            for w in (self.requests, self.tokens)
+            for v in (w.limit, w.remaining, w.reset_s)
+        )
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in a Go-style duration (``6m0s``, ``120ms``, ``1h2m3.5s``), or None if not one."""
+    text = text.strip()
+    if not text:
+        return None
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            return None
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos != len(text):
+        # A bare number is seconds (some gateways send "1.5").
+        try:
+            return max(0.0, float(text)) if pos == 0 else None
+        except ValueError:
+            return None
+    return total
+
+
+def parse_rfc3339_delay(text: str, now: datetime) -> float | None:
+    """Seconds from ``now`` until an RFC 3339 time (never negative), or None if unparseable."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - now).total_seconds())
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return max(0, int(float(value)))
+    except ValueError:
+        return None
+
+
+def _reset(value: str | None, now: datetime) -> float | None:
+    if value is None:
+        return None
+    seconds = parse_duration(value)
+    return seconds if seconds is not None else parse_rfc3339_delay(value, now)
+
+
+def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateLimitInfo:
+    """Both budgets from OpenAI or Anthropic headers (lower-case keys); missing parts are None."""
+
+    def window(kind: str) -> Window:
+        if f"x-ratelimit-limit-{kind}" in headers or f"x-ratelimit-remaining-{kind}" in headers:
+            return Window(
+                _int(headers.get(f"x-ratelimit-limit-{kind}")),
+                _int(headers.get(f"x-ratelimit-remaining-{kind}")),
+                _reset(headers.get(f"x-ratelimit-reset-{kind}"), now),
+            )
+        prefix = f"anthropic-ratelimit-{kind}-"
+        return Window(
+            _int(headers.get(prefix + "limit")),
+            _int(headers.get(prefix + "remaining")),
+            _reset(headers.get(prefix + "reset"), now),
+        )
+
+    return RateLimitInfo(window("requests"), window("tokens"))

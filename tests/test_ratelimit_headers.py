@@ -1,0 +1,104 @@
+"""Rate-limit header parsing: OpenAI durations and Anthropic RFC 3339 resets."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aiq.ratelimit_headers import (
+    RateLimitInfo,
+    Window,
+    parse_duration,
+    parse_rate_limit_headers,
+    parse_rfc3339_delay,
+)
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1s", 1.0),
+        ("6m0s", 360.0),
+        ("120ms", 0.12),
+        ("59.99s", 59.99),
+        ("1h2m3.5s", 3723.5),
+        ("0s", 0.0),
+        ("250us", 0.00025),
+        ("1.5", 1.5),
+    ],
+)
+def test_go_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "1x", "s1", "1s junk", "-1s"])
+def test_not_durations(text: str) -> None:
+    assert parse_duration(text) is None
+
+
+def _go(seconds_ms: int) -> str:
+    """Format milliseconds the way OpenAI does: 1h2m3.5s, 6m0s, 120ms."""
+    if seconds_ms < 1000:
+        return f"{seconds_ms}ms"
+    h, rest = divmod(seconds_ms, 3_600_000)
+    m, rest = divmod(rest, 60_000)
+    s = f"{rest / 1000:g}s"
+    return (f"{h}h" if h else "") + (f"{m}m" if h or m else "") + s
+
+
+@given(st.integers(0, 10 * 3_600_000))
+def test_duration_round_trips(ms: int) -> None:
+    assert parse_duration(_go(ms)) == pytest.approx(ms / 1000)
+
+
+@given(st.integers(-3600, 86_400))
+def test_rfc3339_delay(offset_s: int) -> None:
+    when = (NOW + timedelta(seconds=offset_s)).isoformat().replace("+00:00", "Z")
+    assert parse_rfc3339_delay(when, NOW) == pytest.approx(max(0, offset_s))
+
+
+def test_rfc3339_without_zone_is_refused() -> None:
+    assert parse_rfc3339_delay("2026-11-29T12:00:05", NOW) is None
+
+
+def test_openai_headers() -> None:
+    info = parse_rate_limit_headers(
+        {
+            "x-ratelimit-limit-requests": "500",
+            "x-ratelimit-remaining-requests": "499",
+            "x-ratelimit-reset-requests": "120ms",
+            "x-ratelimit-limit-tokens": "200000",
+            "x-ratelimit-remaining-tokens": "150000",
+            "x-ratelimit-reset-tokens": "6m0s",
+        },
+        NOW,
+    )
+    assert info == RateLimitInfo(Window(500, 499, 0.12), Window(200_000, 150_000, 360.0))
+
+
+def test_anthropic_headers() -> None:
+    info = parse_rate_limit_headers(
+        {
+            "anthropic-ratelimit-requests-limit": "50",
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "2026-11-29T12:00:07Z",
+            "anthropic-ratelimit-tokens-limit": "40000",
+            "anthropic-ratelimit-tokens-remaining": "39000",
+            "anthropic-ratelimit-tokens-reset": "2026-11-29T12:00:01+00:00",
+        },
+        NOW,
+    )
+    assert info == RateLimitInfo(Window(50, 0, 7.0), Window(40_000, 39_000, 1.0))
+
+
+def test_no_headers_and_garbage() -> None:
+    assert parse_rate_limit_headers({}, NOW).empty
+    info = parse_rate_limit_headers(
+        {"x-ratelimit-limit-requests": "lots", "x-ratelimit-reset-requests": "later"}, NOW
+    )
+    assert info.requests == Window(None, None, None)
