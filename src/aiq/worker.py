@@ -24,7 +24,7 @@ from .providers.base import Provider, ProviderError
 from .store import DEAD, DONE, QUEUED, Job, JobStore, Outcome
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
-_AHEAD = 4  # jobs kept claimed per sender: one in flight, the rest queued
+_AHEAD = 8  # jobs kept claimed per sender: one in flight, the rest queued
 _IDLE_POLL_S = 1.0  # how often to look for retries coming due when all else is idle
 
 
