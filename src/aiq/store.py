@@ -251,7 +251,9 @@ class JobStore:
                 "dead_path = excluded.dead_path",
                 (path, out_path, dead_path, time.time()),
             )
-        rows = await self._db.execute_fetchall("SELECT id FROM sources WHERE path = ?", (path,))
+        rows = list(
+            await self._db.execute_fetchall("SELECT id FROM sources WHERE path = ?", (path,))
+        )
         return Source(rows[0][0], path, out_path, dead_path)
 
     async def sources(self) -> list[Source]:
@@ -305,6 +307,10 @@ class JobStore:
             await self._drop_orphans()
         return counts
 
+    async def _max_item_id(self) -> int:
+        rows = list(await self._db.execute_fetchall("SELECT coalesce(max(id), 0) FROM items"))
+        return int(rows[0][0])
+
     async def _drop_orphans(self) -> None:
         """Delete jobs that re-pointed items left wanted by nobody, unless they already ran."""
         async with self.transaction():
@@ -328,7 +334,7 @@ class JobStore:
                 jobs,
             )
             jobs_added = cur.rowcount
-            (max_before,) = (await db.execute_fetchall("SELECT coalesce(max(id), 0) FROM items"))[0]
+            max_before = await self._max_item_id()
             cur = await db.executemany(
                 "INSERT INTO items (ck, source_id, custom_id, job_k64, line_no, line) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (ck) DO UPDATE SET "
@@ -337,7 +343,7 @@ class JobStore:
                 items,
             )
             touched = cur.rowcount
-            (max_after,) = (await db.execute_fetchall("SELECT coalesce(max(id), 0) FROM items"))[0]
+            max_after = await self._max_item_id()
         # Items are never deleted, so new rows are exactly the growth of the rowid.
         added = max_after - max_before
         return len(items), jobs_added, added, touched - added
@@ -457,7 +463,8 @@ class JobStore:
         self, *, error_type: str | None = None, custom_ids: Sequence[str] = ()
     ) -> int:
         """Move dead jobs (all, or of one error type, or of these custom_ids) back to queued."""
-        where, params = ["state = ?"], [DEAD]
+        where: list[str] = ["state = ?"]
+        params: list[object] = [DEAD]
         if error_type:
             where.append("error_type = ?")
             params.append(error_type)
