@@ -6,6 +6,8 @@ migration this list does not know was written by a newer aiq and is refused.
 Why the keys look as they do: ``aiq add`` must take 100,000 lines/s. Rows are appended in
 rowid order (cheap) and deduplicated through small unique integer indexes (the first 8 bytes
 of a digest) rather than a 32-byte blob or a text key; the full digest is kept beside it.
+Those indexes take random inserts, so every commit rewrites most of their pages: `add`
+commits rarely for that reason (see store.py).
 """
 
 from __future__ import annotations
@@ -52,12 +54,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         -- One row per (input file, custom_id): what the user asked for, pointing at a job.
         CREATE TABLE items (
             id INTEGER PRIMARY KEY,
-            ck INTEGER NOT NULL UNIQUE,     -- 8 bytes of hash(source_id, custom_id)
             source_id INTEGER NOT NULL REFERENCES sources (id),
+            ck INTEGER NOT NULL,            -- inputs.custom_id_hash(custom_id)
             custom_id TEXT NOT NULL,
             job_k64 INTEGER NOT NULL,
             line_no INTEGER NOT NULL,
-            line BLOB NOT NULL              -- the original input line
+            line BLOB NOT NULL,             -- the original input line
+            UNIQUE (source_id, ck)
         );
 
         -- A custom_id re-pointed to a new request may leave its old job wanted by no item.
@@ -68,6 +71,19 @@ MIGRATIONS: list[tuple[str, str]] = [
         BEGIN
             INSERT INTO repointed (k64) VALUES (OLD.job_k64);
         END;
+
+        -- What the last completed `add` of a source read (inputs.Prefix): when the file still
+        -- starts with those bytes, the next `add` reads only what follows them.
+        CREATE TABLE prefixes (
+            source_id INTEGER PRIMARY KEY REFERENCES sources (id),
+            size INTEGER NOT NULL,          -- bytes of whole lines
+            sha256 BLOB NOT NULL,           -- of those bytes
+            lines INTEGER NOT NULL,
+            valid INTEGER NOT NULL,
+            bad BLOB NOT NULL,              -- JSON [[line_no, reason], ...] of invalid lines
+            ids BLOB NOT NULL,              -- custom_id hashes, 8 bytes each, little endian
+            rules TEXT NOT NULL             -- fingerprint of parse rules and defaults
+        );
         """,
     ),
 ]

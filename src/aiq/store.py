@@ -7,19 +7,27 @@ The store is the single source of truth; output files are views of it. Writes ar
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import gc
 import os
 import sqlite3
+import struct
+import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import chain, islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import orjson
 
 from .errors import StoreError
-from .inputs import BadLine, Request
+from .inputs import BadLine, Prefix, Request, RequestFile
 from .migrations import MIGRATIONS
 
 QUEUED, RUNNING, DONE, DEAD = 0, 1, 2, 3
@@ -30,25 +38,35 @@ _PRAGMAS = (
     # NORMAL in WAL mode survives a process crash (kill -9); only a power cut can lose the
     # last commits, and those jobs are simply sent again.
     "PRAGMA synchronous = NORMAL",
-    "PRAGMA cache_size = -65536",  # 64 MiB: keeps the unique indexes hot during `add`
+    # 64 MiB holds the unique indexes (~40 MB per million lines) and a transaction of new
+    # rows during `add`: at 48 MiB a million-line add took 40% longer, at 96 no less time.
+    "PRAGMA cache_size = -65536",
     "PRAGMA temp_store = MEMORY",
     "PRAGMA busy_timeout = 10000",
 )
-# Large batches and rare checkpoints during `add`: each checkpoint fsyncs, and with the
-# default (1,000 pages) fsync, not SQL, dominated a bulk add.
-_ENQUEUE_BATCH = 20_000
-_BULK_CHECKPOINT_PAGES = 20_000
+# `add` (bench/README.md has the figures behind these numbers):
+# - A thread reads and prepares _ENQUEUE_BATCH lines at a time, up to _PARSE_AHEAD batches
+#   ahead of the writer. Batches bound the memory in flight (~0.6 KB a line).
+# - One multi-row INSERT per _ROWS_PER_INSERT lines: SQLite runs a whole statement without
+#   the GIL, where executemany took it back for every row.
+# - A transaction spans _LINES_PER_COMMIT lines. The unique indexes take random inserts, so
+#   each commit rewrites most of their pages: committing every 20,000 lines cost as much as
+#   the inserts themselves.
+# - Checkpoints (each copies the WAL back and fsyncs twice) wait for _BULK_CHECKPOINT_PAGES
+#   pages (160 MB) of WAL: 20,000 took 0.6 s more of a 9.5 s add of a million lines.
+_ENQUEUE_BATCH = 10_000
+_ROWS_PER_INSERT = 5_000  # 5 or 6 parameters a row: SQLite allows 32,766 (>= 3.32)
+_LINES_PER_COMMIT = 100_000
+_PARSE_AHEAD = 2
+_BULK_CHECKPOINT_PAGES = 40_000
 
 
 def k64(key: bytes) -> int:
     """The job's short unique id: the first 8 bytes of its key as a signed 64-bit integer."""
-    return int.from_bytes(key[:8], "big", signed=True)
+    return int(_K64.unpack_from(key)[0])
 
 
-def item_key(source_id: int, custom_id: str) -> int:
-    """Short unique id of a (source, custom_id) pair."""
-    digest = hashlib.blake2b(f"{source_id}\0{custom_id}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+_K64 = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,15 +168,131 @@ class Stats:
         }
 
 
-def _chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+_JOB_PARAMS = 4  # k64, key, endpoint, body (created_at is one shared parameter)
+_ITEM_PARAMS = 5  # ck, custom_id, job_k64, line_no, line (source_id is shared)
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Up to _ENQUEUE_BATCH lines as flat parameter lists for the multi-row INSERTs."""
+
+    lines: int
+    valid: int
+    jobs: list[Any]
+    items: list[Any]
+    bad: list[BadLine]
+
+
+def _chunks(lines: Iterator[Request | BadLine], size: int) -> Iterator[list[Request | BadLine]]:
+    while chunk := list(islice(lines, size)):
+        yield chunk
+
+
+def _prepare(lines: list[Request | BadLine] | None) -> _Batch | None:
+    """A batch of lines as parameters for the INSERTs (None stays None); runs in the parser."""
+    if lines is None:
+        return None
+    jobs: list[Any] = []
+    items: list[tuple[int, str, int, int, bytearray]] = []
+    bad: list[BadLine] = []
+    for req in lines:
+        if isinstance(req, BadLine):
+            bad.append(req)
+            continue
+        line_no, custom_id, endpoint, body, key, line, _derived, ck = req
+        jk = _K64.unpack_from(key)[0]  # k64(key), inlined: hot path
+        # bytearray, not bytes: sqlite3 binds it directly, while a bytes parameter goes
+        # through its adapter lookup first (~640 ns against ~95, three times a line, in the
+        # thread that holds the GIL to bind). Still stored and read back as a BLOB.
+        jobs += (jk, bytearray(key), endpoint, bytearray(body))
+        items.append((ck, custom_id, jk, line_no, bytearray(line)))
+    # In key order, inserts into the items' unique index land on neighbouring pages: a
+    # third less time for them. The sort is stable, so a custom_id given twice keeps its
+    # input order and the later line wins. Jobs keep input order: their ids are claim order.
+    items.sort(key=itemgetter(0))
+    flat = list(chain.from_iterable(items))
+    return _Batch(len(lines), len(items), jobs, flat, bad)
+
+
+@contextmanager
+def _bulk_interpreter() -> Iterator[None]:
+    """Interpreter settings for the length of a bulk add; process-wide, so restored after.
+
+    - The cyclic GC is paused: an add makes millions of containers but no cycles, and the
+      collector kept walking the batches in flight (7-13% of the parsing time).
+    - The GIL switch interval goes from 5 ms to 1 ms: the writing thread needs the GIL back
+      after each statement and each aiosqlite call, and waited up to a whole interval every
+      time while the parser held it (1 s of 11).
+    """
+    gc_enabled, interval = gc.isenabled(), sys.getswitchinterval()
+    gc.disable()
+    sys.setswitchinterval(min(interval, 0.001))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
+        if gc_enabled:
+            gc.enable()
+
+
+class _Parser:
+    """Reads and prepares batches in its own thread, up to _PARSE_AHEAD batches ahead.
+
+    Parsing and writing each go at their own pace. In lockstep rounds (parse one batch while
+    writing the previous) every round lasted as long as the slower of the two: 2 s of 12.
+    """
+
+    def __init__(self, batches: Iterator[list[Request | BadLine]]) -> None:
+        self._batches = batches
+        self._loop = asyncio.get_running_loop()
+        self._ready: asyncio.Queue[_Batch | BaseException | None] = asyncio.Queue()
+        self._room = threading.Semaphore(_PARSE_AHEAD)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="aiq-parse", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while self._room.acquire() and not self._stop.is_set():
+                batch = _prepare(next(self._batches, None))
+                self._loop.call_soon_threadsafe(self._ready.put_nowait, batch)
+                if batch is None:
+                    return
+        except BaseException as exc:  # handed to the writer, which raises it
+            self._loop.call_soon_threadsafe(self._ready.put_nowait, exc)
+
+    async def next(self) -> _Batch | None:
+        """The next batch, or None at the end; raises what parsing raised."""
+        item = await self._ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        self._room.release()
+        return item
+
+    async def close(self) -> None:
+        """Stop parsing (it may be ahead of a writer that failed) and wait for the thread."""
+        self._stop.set()
+        self._room.release()
+        await asyncio.to_thread(self._thread.join)
+
+
+@lru_cache(maxsize=4)
+def _jobs_sql(rows: int) -> str:
+    values = ", ".join(["(?1, ?, ?, ?, ?)"] * rows)
+    return (
+        f"INSERT INTO jobs (created_at, k64, key, endpoint, body) VALUES {values} "
+        "ON CONFLICT (k64) DO NOTHING"
+    )
+
+
+@lru_cache(maxsize=4)
+def _items_sql(rows: int) -> str:
+    values = ", ".join(["(?1, ?, ?, ?, ?, ?)"] * rows)
+    return (
+        f"INSERT INTO items (source_id, ck, custom_id, job_k64, line_no, line) VALUES {values} "
+        "ON CONFLICT (source_id, ck) DO UPDATE SET job_k64 = excluded.job_k64, "
+        "line = excluded.line, line_no = excluded.line_no WHERE job_k64 != excluded.job_k64"
+    )
 
 
 class JobStore:
@@ -269,84 +403,164 @@ class JobStore:
     ) -> EnqueueCounts:
         """Add valid requests (idempotent) and count invalid lines, in batched transactions.
 
-        Lines are parsed in a helper thread while SQLite writes the previous batch in its own:
-        both release the GIL often enough to use two cores.
+        Given what ``read_requests`` returns, the lines an earlier complete ``enqueue`` of this
+        source went through are skipped when the file still starts with the same bytes and
+        is read with the same defaults: they count as known (their invalid lines are reported
+        again), and only the lines after them are read. So re-adding a grown file costs only
+        its new lines.
         """
         now = time.time() if now is None else now
+        reader = lines if isinstance(lines, RequestFile) else None
+        after, repointed_before = await self._start_enqueue(source, reader is not None)
+        if reader is not None:
+            batches = reader.batches(_ENQUEUE_BATCH, after=after)
+        else:
+            batches = _chunks(iter(lines), _ENQUEUE_BATCH)
         counts = EnqueueCounts()
-        batches = _chunks(lines, _ENQUEUE_BATCH)
 
-        def prepare() -> tuple[list[tuple], list[tuple]] | None:
-            batch = next(batches, None)
-            if batch is None:
-                return None
-            jobs, items = [], []
-            for req in batch:
-                if isinstance(req, BadLine):
-                    counts.invalid += 1
-                    counts.bad_lines.append(req)
-                    continue
-                jk = k64(req.key)
-                jobs.append((jk, req.key, req.endpoint, req.body, now))
-                items.append(
-                    (item_key(source.id, req.custom_id), source.id, req.custom_id, jk,
-                     req.line_no, req.line)
-                )  # fmt: skip
-            return jobs, items
+        def prefix_stale() -> bool:
+            # The stored prefix stays true while only lines after it are written. Any other
+            # write must go after it does, or a crash would leave it vouching for old lines.
+            return after is not None and (reader is None or reader.skipped is None)
 
-        await self._db.execute(f"PRAGMA wal_autocheckpoint = {_BULK_CHECKPOINT_PAGES}")
-        try:
-            rows = await asyncio.to_thread(prepare)
-            while rows is not None:
-                result, rows = await asyncio.gather(self._insert(*rows), asyncio.to_thread(prepare))
-                _add(counts, result)
-        finally:
-            await self._db.execute("PRAGMA wal_autocheckpoint = 1000")
+        await self._insert_all(source, batches, now, counts, forget_prefix=prefix_stale)
+        if reader is not None and reader.skipped is not None:
+            skipped = reader.skipped
+            counts.valid += skipped.valid
+            counts.invalid += len(skipped.bad)
+            counts.bad_lines[:0] = [BadLine(reader.name, n, why) for n, why in skipped.bad]
+        async with self.transaction():
+            ((repointed,),) = await self._db.execute_fetchall("SELECT count(*) FROM repointed")
+            if repointed:
+                await self._drop_orphans()
+            if reader is not None and reader.prefix is not None and not reader.prefix.same(after):
+                await self._save_prefix(source, reader.prefix)
+        counts.changed = repointed - repointed_before
+        counts.new -= counts.changed  # the items upsert counted re-pointed rows too
         counts.known = counts.valid - counts.new - counts.changed
-        if counts.changed:
-            await self._drop_orphans()
         return counts
 
-    async def _max_item_id(self) -> int:
-        rows = list(await self._db.execute_fetchall("SELECT coalesce(max(id), 0) FROM items"))
-        return int(rows[0][0])
+    async def _start_enqueue(self, source: Source, wants_prefix: bool) -> tuple[Prefix | None, int]:
+        """(the prefix stored for ``source``, rows in ``repointed``); a crashed add may have
+        left rows there, whose jobs are dropped too at the end of this one."""
+        db = self._db
+        ((repointed,),) = await db.execute_fetchall("SELECT count(*) FROM repointed")
+        rows = list(
+            await db.execute_fetchall(
+                "SELECT size, sha256, lines, valid, bad, ids, rules FROM prefixes "
+                "WHERE source_id = ?",
+                (source.id,),
+            )
+        )
+        if not rows:
+            return None, repointed
+        if not wants_prefix:
+            async with self.transaction():
+                await db.execute("DELETE FROM prefixes WHERE source_id = ?", (source.id,))
+            return None, repointed
+        size, sha256, lines, valid, bad, ids, rules = rows[0]
+        bad_lines = [(n, why) for n, why in orjson.loads(bad)]
+        return Prefix(size, sha256, lines, valid, bad_lines, ids, rules), repointed
+
+    async def _save_prefix(self, source: Source, p: Prefix) -> None:
+        await self._db.execute(
+            "INSERT OR REPLACE INTO prefixes (source_id, size, sha256, lines, valid, bad, ids, "
+            "rules) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (source.id, p.size, p.sha256, p.lines, p.valid, orjson.dumps(p.bad), p.ids, p.rules),
+        )
+
+    async def _insert_all(
+        self,
+        source: Source,
+        batches: Iterator[list[Request | BadLine]],
+        now: float,
+        counts: EnqueueCounts,
+        *,
+        forget_prefix: Callable[[], bool],
+    ) -> None:
+        """Insert every line, read in a thread that keeps a batch or two ahead."""
+        db = self._db
+        await db.execute(f"PRAGMA wal_autocheckpoint = {_BULK_CHECKPOINT_PAGES}")
+        with _bulk_interpreter():
+            parser = _Parser(batches)
+            try:
+                await self._write_all(source, parser, now, counts, forget_prefix)
+            finally:
+                await parser.close()
+                await db.execute("PRAGMA wal_autocheckpoint = 1000")
+
+    async def _write_all(
+        self,
+        source: Source,
+        parser: _Parser,
+        now: float,
+        counts: EnqueueCounts,
+        forget_prefix: Callable[[], bool],
+    ) -> None:
+        """Write the parser's batches, committing every _LINES_PER_COMMIT lines."""
+        db = self._db
+        since_commit = 0
+        try:
+            while (batch := await parser.next()) is not None:
+                if not db.in_transaction:
+                    await db.execute("BEGIN IMMEDIATE")
+                    if forget_prefix():
+                        await db.execute("DELETE FROM prefixes WHERE source_id = ?", (source.id,))
+                await self._insert(source, batch, now, counts)
+                since_commit += batch.lines
+                if since_commit >= _LINES_PER_COMMIT:
+                    await db.execute("COMMIT")
+                    since_commit = 0
+            if db.in_transaction:
+                await db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                # A COMMIT cancelled while it ran may still finish first: nothing to undo then.
+                with suppress(sqlite3.OperationalError):
+                    await db.execute("ROLLBACK")
+            raise
+
+    async def _insert(self, source: Source, b: _Batch, now: float, counts: EnqueueCounts) -> None:
+        """Insert one batch inside the caller's transaction, adding to ``counts``."""
+        counts.valid += b.valid
+        counts.invalid += len(b.bad)
+        counts.bad_lines.extend(b.bad)
+        # rowcount excludes rows changed by triggers, unlike total_changes.
+        counts.jobs_added += await self._insert_rows(_jobs_sql, now, b.jobs, _JOB_PARAMS)
+        # Inserted plus re-pointed items; enqueue() takes the re-pointed off.
+        counts.new += await self._insert_rows(_items_sql, source.id, b.items, _ITEM_PARAMS)
+
+    async def _insert_rows(
+        self, sql: Callable[[int], str], shared: Any, flat: list[Any], width: int
+    ) -> int:
+        """Run ``sql(n)`` over ``flat`` (``width`` values a row), _ROWS_PER_INSERT rows a
+        statement; returns the rows changed. The full-size statements go in one executemany:
+        each round trip through the event loop waits for the parsing thread to yield the GIL.
+        """
+        step = _ROWS_PER_INSERT * width
+        full = len(flat) // step * step
+        changed = 0
+        if full:
+            params = [[shared, *flat[i : i + step]] for i in range(0, full, step)]
+            changed += (await self._db.executemany(sql(_ROWS_PER_INSERT), params)).rowcount
+        if full < len(flat):
+            rest = [shared, *flat[full:]]
+            changed += (await self._db.execute(sql((len(flat) - full) // width), rest)).rowcount
+        return changed
 
     async def _drop_orphans(self) -> None:
-        """Delete jobs that re-pointed items left wanted by nobody, unless they already ran."""
-        async with self.transaction():
-            # One scan of items finds which noted jobs are still wanted.
-            await self._db.execute(
-                "DELETE FROM jobs WHERE k64 IN (SELECT k64 FROM repointed "
-                "  EXCEPT SELECT job_k64 FROM items WHERE job_k64 IN (SELECT k64 FROM repointed)) "
-                "AND state IN (?, ?)",
-                (QUEUED, DEAD),
-            )
-            await self._db.execute("DELETE FROM repointed")
+        """Delete jobs that re-pointed items left wanted by nobody, unless they already ran.
 
-    async def _insert(self, jobs: list[tuple], items: list[tuple]) -> tuple[int, int, int, int]:
-        """Insert one batch; returns (lines, jobs added, items added, items re-pointed)."""
-        db = self._db
-        async with self.transaction():
-            # rowcount excludes rows changed by triggers, unlike total_changes.
-            cur = await db.executemany(
-                "INSERT INTO jobs (k64, key, endpoint, body, created_at) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (k64) DO NOTHING",
-                jobs,
-            )
-            jobs_added = cur.rowcount
-            max_before = await self._max_item_id()
-            cur = await db.executemany(
-                "INSERT INTO items (ck, source_id, custom_id, job_k64, line_no, line) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (ck) DO UPDATE SET "
-                "job_k64 = excluded.job_k64, line = excluded.line, line_no = excluded.line_no "
-                "WHERE job_k64 != excluded.job_k64",
-                items,
-            )
-            touched = cur.rowcount
-            max_after = await self._max_item_id()
-        # Items are never deleted, so new rows are exactly the growth of the rowid.
-        added = max_after - max_before
-        return len(items), jobs_added, added, touched - added
+        Runs inside the caller's transaction.
+        """
+        # One scan of items finds which noted jobs are still wanted.
+        await self._db.execute(
+            "DELETE FROM jobs WHERE k64 IN (SELECT k64 FROM repointed "
+            "  EXCEPT SELECT job_k64 FROM items WHERE job_k64 IN (SELECT k64 FROM repointed)) "
+            "AND state IN (?, ?)",
+            (QUEUED, DEAD),
+        )
+        await self._db.execute("DELETE FROM repointed")
 
     # -- the worker's side ---------------------------------------------------------------
 
@@ -496,14 +710,6 @@ class JobStore:
             while rows := await cur.fetchmany():
                 for row in rows:
                     yield tuple(row)
-
-
-def _add(counts: EnqueueCounts, result: tuple[int, int, int, int]) -> None:
-    valid, jobs_added, added, changed = result
-    counts.valid += valid
-    counts.jobs_added += jobs_added
-    counts.new += added
-    counts.changed += changed
 
 
 def _statements(script: str) -> list[str]:
