@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -107,3 +107,23 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateL
         )
 
     return RateLimitInfo(window("requests"), window("tokens"))
+
+
+_MARKERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-limit-tokens",
+    "anthropic-ratelimit-requests-limit",
+    "anthropic-ratelimit-tokens-limit",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-tokens-remaining",
+)
+
+
+def read_rate_limits(headers: Mapping[str, str]) -> RateLimitInfo | None:
+    """The rate-limit headers of one response, or None when it carries none (most servers
+    that are not OpenAI or Anthropic): a cheap check first, as this runs on every reply."""
+    if not any(name in headers for name in _MARKERS):
+        return None
+    return parse_rate_limit_headers(headers, datetime.now(UTC))

@@ -9,6 +9,8 @@ from typing import Protocol
 
 import httpx
 
+from ..ratelimit_headers import RateLimitInfo
+
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
 _BY_STATUS: dict[int, tuple[str, bool, bool]] = {
     400: ("invalid_request", False, False),
@@ -44,6 +46,7 @@ class Reply:
     request_id: str | None
     tokens_in: int
     tokens_out: int
+    limits: RateLimitInfo | None = None  # the server's rate-limit headers, if it sent any
 
 
 class ProviderError(Exception):
@@ -58,6 +61,7 @@ class ProviderError(Exception):
         retryable: bool = False,
         fatal: bool = False,
         retry_after_s: float | None = None,
+        limits: RateLimitInfo | None = None,
     ) -> None:
         super().__init__(message)
         self.error_type = error_type
@@ -66,6 +70,7 @@ class ProviderError(Exception):
         self.retryable = retryable
         self.fatal = fatal
         self.retry_after_s = retry_after_s
+        self.limits = limits
 
 
 class Provider(Protocol):

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..ratelimit_headers import read_rate_limits
 from .base import ProviderError, Reply, classify_status, fatal_hint, retry_after_s
 
 _EXPECTED = {"/v1/embeddings": "data"}  # the key a well-formed reply must carry
@@ -126,6 +127,7 @@ class OpenAIProvider:
             request_id=resp.headers.get("x-request-id") or data.get("id"),
             tokens_in=_int(usage.get("prompt_tokens")),
             tokens_out=_int(usage.get("completion_tokens")),
+            limits=read_rate_limits(resp.headers),
         )
 
     def _error(self, resp: httpx.Response, content: bytes) -> ProviderError:
@@ -140,6 +142,7 @@ class OpenAIProvider:
             retryable=retryable,
             fatal=fatal,
             retry_after_s=retry_after_s(resp.headers, message),
+            limits=read_rate_limits(resp.headers),
         )
 
 
