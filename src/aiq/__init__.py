@@ -19,7 +19,7 @@ from .errors import (
 )
 from .inputs import BadLine, Defaults, Request, read_requests
 from .outputs import Export, export_source
-from .providers import OpenAIProvider, ProviderError, Reply
+from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
 from .runner import (
     RunSummary,
     add_file,
@@ -35,6 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AiqError",
+    "AnthropicProvider",
     "BadLine",
     "Config",
     "Defaults",

@@ -77,6 +77,13 @@ class OpenAIProvider:
 
     async def send(self, endpoint: str, body: bytes) -> Reply:
         """POST one request body; returns the Reply or raises a classified ProviderError."""
+        if endpoint == "/v1/messages":
+            # An OpenAI-compatible server would answer 404, which reads as a fatal bad URL.
+            raise ProviderError(
+                "invalid_request",
+                "an Anthropic Message Batches line (params, /v1/messages): run it with "
+                "--provider anthropic",
+            )
         try:
             url = self.url(endpoint)
         except httpx.InvalidURL as exc:

@@ -1,0 +1,177 @@
+"""Anthropic's Messages API: /v1/messages bodies as they are, chat and prompt jobs translated.
+
+The queue stores what the input line asked for (DESIGN.md, "Dedup key"), so a file of chat or
+prompt lines keeps its keys whichever provider runs it; the translation to Anthropic's shape
+happens here, at send time (:mod:`aiq.providers.anthropic_messages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from ..ratelimit_headers import read_rate_limits
+from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
+from .base import ProviderError, Reply, classify_status, fatal_hint, retry_after_s
+
+__all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicProvider"]
+
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+class AnthropicProvider:
+    """Sends jobs to ``POST {base_url}/v1/messages`` over an ``httpx.AsyncBaseTransport``.
+
+    Built like :class:`aiq.providers.openai.OpenAIProvider` (see its docstring for why there is
+    no ``httpx.AsyncClient``): the same constructor, ``send(endpoint, body) -> Reply``, and every
+    failure a classified :class:`ProviderError`. A job that cannot be expressed in Anthropic's
+    API (embeddings, ``n`` > 1, tool messages…) is a permanent ``invalid_request`` error: it
+    dead-letters with a message saying why, and nothing is sent.
+
+    ``default_max_tokens`` is used for requests that name no ``max_tokens`` (Anthropic requires
+    one). The caller owns the transport and closes it.
+    """
+
+    def __init__(
+        self,
+        transport: httpx.AsyncBaseTransport,
+        *,
+        base_url: str,
+        api_key: str | None,
+        api_key_env: str = "ANTHROPIC_API_KEY",
+        extra_headers: Mapping[str, str] | None = None,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 120.0,
+    ) -> None:
+        self._transport = transport
+        base = base_url.rstrip("/")
+        # Anthropic's SDK takes the host ("https://api.anthropic.com"); accept ".../v1" too.
+        self._base = base[:-3] if base.endswith("/v1") else base
+        self._key_env = api_key_env
+        self._default_max_tokens = default_max_tokens
+        headers = {
+            "accept-encoding": "gzip, deflate",
+            "content-type": "application/json",
+            "anthropic-version": ANTHROPIC_VERSION,
+            **(extra_headers or {}),
+        }
+        if api_key:
+            headers["x-api-key"] = api_key
+        self._headers = httpx.Headers(headers)
+        self._extensions: dict[str, Any] = {
+            "timeout": {
+                "connect": connect_timeout_s,
+                "read": read_timeout_s,
+                "write": read_timeout_s,
+                "pool": None,  # the worker pool bounds waiting already: queueing, not failure
+            }
+        }
+        self._url: httpx.URL | None = None
+
+    def url(self) -> httpx.URL:
+        """The Messages endpoint, parsed once."""
+        if self._url is None:
+            self._url = httpx.URL(self._base + "/v1/messages")
+        return self._url
+
+    async def send(self, endpoint: str, body: bytes) -> Reply:
+        """POST one job as a Messages request; returns the Reply or raises a ProviderError."""
+        content = to_messages_body(endpoint, body, default_max_tokens=self._default_max_tokens)
+        try:
+            url = self.url()
+        except httpx.InvalidURL as exc:
+            message = f"invalid URL {self._base + '/v1/messages'!r}: {exc}"
+            raise ProviderError("not_found", message, fatal=True) from None
+        request = httpx.Request(
+            "POST", url, headers=self._headers, content=content, extensions=self._extensions
+        )
+        try:
+            resp = await self._transport.handle_async_request(request)
+            try:
+                raw = await resp.aread()
+            finally:
+                await resp.aclose()
+        except httpx.TimeoutException as exc:
+            raise ProviderError("timeout", _describe(exc), retryable=True) from None
+        except httpx.UnsupportedProtocol as exc:  # no retry can fix the base URL
+            message = f"{_describe(exc)} (check --base-url: {self._base!r})"
+            raise ProviderError("connection", message, fatal=True) from None
+        except httpx.TransportError as exc:
+            raise ProviderError("connection", _describe(exc), retryable=True) from None
+        except httpx.DecodingError as exc:
+            message = f"undecodable reply: {_describe(exc)}"
+            raise ProviderError("bad_response", message, retryable=True) from None
+        if resp.status_code != 200:
+            raise self._error(resp, raw)
+        return _reply(resp, raw)
+
+    def _error(self, resp: httpx.Response, raw: bytes) -> ProviderError:
+        message, code = _error_message(resp, raw)
+        if code == "billing_error":
+            error_type, retryable, fatal = "quota", False, True
+        else:
+            error_type, retryable, fatal = classify_status(resp.status_code, message, code)
+        if fatal:
+            message = f"{message} ({fatal_hint(error_type, self._key_env)})"
+        return ProviderError(
+            error_type,
+            message,
+            status_code=resp.status_code,
+            retryable=retryable,
+            fatal=fatal,
+            retry_after_s=retry_after_s(resp.headers, message),
+            limits=read_rate_limits(resp.headers),
+        )
+
+
+def _reply(resp: httpx.Response, raw: bytes) -> Reply:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+        raise ProviderError(
+            "bad_response",
+            f"HTTP 200 without a well-formed Message (no 'content' list): {raw[:200]!r}",
+            status_code=200,
+            retryable=True,
+        )
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
+    return Reply(
+        status_code=200,
+        body=raw,
+        request_id=resp.headers.get("request-id") or data.get("id"),
+        tokens_in=_int(usage.get("input_tokens")),
+        tokens_out=_int(usage.get("output_tokens")),
+        limits=read_rate_limits(resp.headers),
+    )
+
+
+def _int(value: object) -> int:
+    # A server that sends a non-number for a token count has still answered; count it as 0.
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _error_message(resp: httpx.Response, raw: bytes) -> tuple[str, str | None]:
+    """The message and error type of Anthropic's ``{"type": "error", "error": {...}}`` body."""
+    try:
+        err = orjson.loads(raw).get("error")
+        if isinstance(err, dict):
+            code = err.get("type")
+            code = code if isinstance(code, str) else None
+            return f"HTTP {resp.status_code}: {err.get('message') or err}", code
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    text = raw[:300].decode("utf-8", "replace").strip()
+    return f"HTTP {resp.status_code}: {text or resp.reason_phrase}", None
+
+
+def _describe(exc: Exception) -> str:
+    # httpx messages never include headers, so the API key cannot leak through them.
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
