@@ -1,10 +1,11 @@
 """Stream a JSONL prompt file into validated requests, each with its content key.
 
-Three line shapes are accepted (DESIGN.md, "Input lines"):
+Four line shapes are accepted (DESIGN.md, "Input lines"):
 
 1. OpenAI Batch API: ``{"custom_id", "method": "POST", "url": "/v1/...", "body": {...}}``
 2. Chat: ``{"custom_id"?, "messages": [...], "model"?, any other body fields}``
 3. Prompt: ``{"custom_id"?, "prompt": "text", "system"?, "model"?, other body fields}``
+4. Anthropic Message Batches: ``{"custom_id", "params": {...}}``, endpoint ``/v1/messages``
 
 The job key is a tagged sha256 over the endpoint and the canonical JSON of the body after
 defaults (sorted keys, compact, UTF-8), so key order and whitespace never change it and any
@@ -42,12 +43,13 @@ from .errors import InputError
 KEY_TAG = b"aiq-key-v1\n"
 # Bump when validation or defaulting changes: files added before are then read again in
 # full rather than resumed after the prefix the store remembers.
-RULES_VERSION = "1"
+RULES_VERSION = "2"  # 2: Message Batches lines, refused before, are valid
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+MESSAGES = "/v1/messages"  # Anthropic's; only Message Batches lines use it
 
 _BOM = b"\xef\xbb\xbf"
 _BLOCK = 1 << 20  # read size; a line longer than this is joined across reads
@@ -65,7 +67,7 @@ _JSON_TYPES = {
     type(None): "null",
 }
 # The key's constant head per endpoint, hashed once: sha256 then only sees the body.
-_KEY_HEADS = {e: hashlib.sha256(KEY_TAG + e.encode() + b"\n") for e in ENDPOINTS}
+_KEY_HEADS = {e: hashlib.sha256(KEY_TAG + e.encode() + b"\n") for e in (*ENDPOINTS, MESSAGES)}
 # Bound once for the per-line path.
 _loads, _dumps, _blake2b, _new_tuple = orjson.loads, orjson.dumps, hashlib.blake2b, tuple.__new__
 
@@ -197,7 +199,9 @@ def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults) -> None:
         _expect(body, "temperature", (int, float), "a number")
     elif d.temperature is not None:
         body["temperature"] = d.temperature
-    if endpoint == CHAT and d.system is not None:
+    if endpoint == MESSAGES and d.system is not None:
+        body.setdefault("system", d.system)
+    elif endpoint == CHAT and d.system is not None:
         messages = body["messages"]
         if not any(m.get("role") == "system" for m in messages):
             body["messages"] = [{"role": "system", "content": d.system}, *messages]
@@ -228,6 +232,17 @@ def _split_envelope(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return endpoint, body
 
 
+def _split_params(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(endpoint, body) of an Anthropic Message Batches line; raises LineError."""
+    if len(obj) > 1:
+        extra = sorted(obj.keys() - {"params"})[0]
+        raise LineError(f"field {extra!r}: not allowed beside 'params'")
+    _expect(obj, "params", (dict,), "an object")
+    body: dict[str, Any] = obj["params"]
+    _check_messages(body.get("messages"), "params.messages")
+    return MESSAGES, body
+
+
 def _split(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(endpoint, body) of a line of any shape, custom_id already taken out; raises LineError.
 
@@ -235,6 +250,8 @@ def _split(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """
     if "body" in obj or "url" in obj:
         return _split_envelope(obj)
+    if "params" in obj:
+        return _split_params(obj)
     if "messages" in obj:
         _check_messages(obj["messages"], "messages")
         return CHAT, obj
