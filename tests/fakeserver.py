@@ -14,6 +14,10 @@ It deliberately imports nothing from ``aiq``: it is the oracle aiq is tested aga
 aiq's own reply builders (``aiq.providers.simulated``) must not be able to agree with itself here.
 ``tests/test_fakeserver.py`` pins both to the same truth, the official ``openai`` response types.
 
+It also serves Anthropic's Messages API at ``POST /v1/messages`` (``tests/fake_anthropic.py``),
+with every knob below: its auth is ``x-api-key``, its errors, request id and rate-limit headers
+are Anthropic's, and an overload (``error_503_rate``, an outage) is its 529 ``overloaded_error``.
+
 Behaviour knobs are plain attributes, read on every request, so a test may change them while the
 server runs (e.g. set ``reject_marker = None`` and replay the dead letters). With every knob at its
 default the server answers every well-formed request 200 at once.
@@ -23,7 +27,8 @@ Refusals, whatever the request says:
 - ``outage_until`` (a ``time.monotonic()`` value; or call ``start_outage(seconds)``): until then
   every request, ``/v1/models`` too, gets 503 (or, with ``outage_fault="reset"``, a reset). The
   provider is down, so these count against no rate limit.
-- ``require_key``: 401 unless ``Authorization: Bearer <require_key>``.
+- ``require_key``: 401 unless ``Authorization: Bearer <require_key>`` (``x-api-key:
+  <require_key>`` on ``/v1/messages``).
 - ``status_for_all``: answer every request with this status and OpenAI's error body for it
   (401 bad key, 403, 404 unknown model, 429 quota, 500, 503).
 
@@ -77,6 +82,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import fake_anthropic as anthropic
 import orjson
 from aiohttp import web
 
@@ -152,11 +158,15 @@ def _as_text(value: Any) -> str:
     return ""
 
 
+_CHAT_PATHS = ("/chat/completions", anthropic.PATH)
+
+
 def prompt_of(path: str, body: Any) -> str:
-    """The prompt a request is about: the last user message (chat), ``prompt`` or ``input``."""
+    """The prompt a request is about: the last user message (chat, Anthropic's messages),
+    ``prompt`` or ``input``."""
     if not isinstance(body, dict):
         return ""
-    if path.endswith("/chat/completions"):
+    if path.endswith(_CHAT_PATHS):
         messages = body.get("messages")
         if isinstance(messages, list):
             for message in reversed(messages):
@@ -170,12 +180,13 @@ def prompt_of(path: str, body: Any) -> str:
 
 def _all_text(path: str, body: Any) -> str:
     """Every piece of text in the request, so a reject marker in a system message counts too."""
-    if path.endswith("/chat/completions") and isinstance(body, dict):
+    if path.endswith(_CHAT_PATHS) and isinstance(body, dict):
         messages = body.get("messages")
         if isinstance(messages, list):
-            return "\n".join(
-                _content_text(m.get("content")) for m in messages if isinstance(m, dict)
-            )
+            texts = [_content_text(m.get("content")) for m in messages if isinstance(m, dict)]
+            if path == anthropic.PATH and (system := anthropic.system_text(body)):
+                texts.insert(0, system)
+            return "\n".join(texts)
     return prompt_of(path, body)
 
 
@@ -243,10 +254,18 @@ def embedding_reply(body: dict, prompt: str) -> dict:
     }
 
 
+def message_reply(body: dict, prompt: str) -> dict:
+    """An Anthropic Message answering ``prompt``, its usage counted as OpenAI's is."""
+    text = reply_text(prompt)
+    prompt_tokens = _tokens(_all_text(anthropic.PATH, body))
+    return anthropic.message_reply(body, prompt, text, prompt_tokens, _tokens(text))
+
+
 _BUILDERS = {
     "/v1/chat/completions": chat_reply,
     "/v1/completions": completion_reply,
     "/v1/embeddings": embedding_reply,
+    anthropic.PATH: message_reply,
 }
 
 
@@ -290,11 +309,12 @@ def openai_duration(seconds: float) -> str:
 
 def malformed_body(payload: dict, *, truncate: bool) -> bytes:
     """A 200 body no client can use: ``payload`` cut off mid-JSON, or without its ``choices``
-    (``data`` for embeddings)."""
+    (``data`` for embeddings, ``content`` for an Anthropic Message)."""
     if truncate:
         encoded = orjson.dumps(payload)
         return encoded[: len(encoded) // 2]  # an object without its closing brace never parses
-    return orjson.dumps({k: v for k, v in payload.items() if k not in ("choices", "data")})
+    lost = ("choices", "data", "content")
+    return orjson.dumps({k: v for k, v in payload.items() if k not in lost})
 
 
 class _Window:
@@ -388,20 +408,28 @@ class _RateLimiter:
         kind = max(blame, key=blame.__getitem__)
         return kind, waits[kind]
 
-    def headers(self, now: float, *, rpm: int | None, tpm: int | None) -> dict[str, str]:
-        """OpenAI's ``x-ratelimit-*`` headers for the limits that are set, over the last minute.
-
-        ``reset`` is the time until the window is empty, so ``remaining`` is back at the limit.
-        """
+    def windows(
+        self, now: float, *, rpm: int | None, tpm: int | None
+    ) -> list[tuple[str, int, int, float]]:
+        """(kind, limit, remaining, seconds to reset) of the limits that are set, over the last
+        minute. ``reset`` is the time until the window is empty, so ``remaining`` is back at
+        the limit."""
         minute = self.minute
         minute.expire(now)
-        reset = openai_duration(minute.reset_in(now))
+        reset = minute.reset_in(now)
+        return [
+            (kind, limit, max(0, limit - minute.used(kind)), reset)
+            for kind, limit in (("requests", rpm), ("tokens", tpm))
+            if limit is not None
+        ]
+
+    def headers(self, now: float, *, rpm: int | None, tpm: int | None) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers for the limits that are set (see ``windows``)."""
         headers = {}
-        for kind, limit in (("requests", rpm), ("tokens", tpm)):
-            if limit is not None:
-                headers[f"x-ratelimit-limit-{kind}"] = str(limit)
-                headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, limit - minute.used(kind)))
-                headers[f"x-ratelimit-reset-{kind}"] = reset
+        for kind, limit, remaining, reset in self.windows(now, rpm=rpm, tpm=tpm):
+            headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{kind}"] = str(remaining)
+            headers[f"x-ratelimit-reset-{kind}"] = openai_duration(reset)
         return headers
 
     def _windows(self, now: float, window_s: float) -> _Window:
@@ -455,6 +483,8 @@ class LoggedRequest:
     fault: Fault | None = None
     received: float = 0.0
     counted: bool = False
+    had_api_key: bool = False  # an x-api-key header (Anthropic's auth); its value is never kept
+    anthropic_version: str | None = None
 
 
 @dataclass(slots=True)
@@ -469,6 +499,7 @@ class _Exchange:
     tokens: int = 0
     counted: bool = False
     fault: Fault | None = None
+    anthropic: bool = False  # a Messages API request: checked and answered Anthropic's way
 
 
 class FakeServer:
@@ -678,6 +709,7 @@ class FakeServer:
         except orjson.JSONDecodeError:
             body = None
         ex = _Exchange(request, raw, body, prompt_of(path, body), time.monotonic())
+        ex.anthropic = path == anthropic.PATH
         if self._record or self.tpm is not None:  # the hot path of a benchmark skips the count
             ex.tokens = request_tokens(path, body)
         if (until := self.outage_until) is not None and ex.received < until:
@@ -701,7 +733,9 @@ class FakeServer:
             return self._reply(ex, *refused)
         if self._rejects(path, body, ex.prompt):
             ex.fault = "reject"
-            return self._reply(ex, 400, error_body(400, "The request was rejected as invalid."))
+            return self._reply(
+                ex, 400, self._error_body(ex, 400, "The request was rejected as invalid.")
+            )
         drawn = self._draw(raw)
         if drawn is None:
             return self._reply(ex, 200, _BUILDERS[path](body, ex.prompt))
@@ -709,6 +743,8 @@ class FakeServer:
 
     def _refused(self, request: web.Request, path: str, body: Any) -> tuple[int, dict] | None:
         """The error a request gets before it reaches any model (auth, forced, bad URL or JSON)."""
+        if path == anthropic.PATH:
+            return self._refused_anthropic(request, body)
         if (status := self._refusal(request)) is not None:
             return status, error_body(status)
         if path not in _BUILDERS:
@@ -716,6 +752,22 @@ class FakeServer:
         if not isinstance(body, dict):
             return 400, error_body(400, "We could not parse the JSON body.")
         return None
+
+    def _refused_anthropic(self, request: web.Request, body: Any) -> tuple[int, dict] | None:
+        """``_refused`` for the Messages API: its auth header, version header and fields."""
+        status = anthropic.refusal(request.headers, self.require_key) or self.status_for_all
+        if status is not None:
+            return status, anthropic.error_body(status)
+        if (why := anthropic.invalid(request.headers, body)) is not None:
+            return 400, anthropic.error_body(400, why)
+        return None
+
+    @staticmethod
+    def _error_body(ex: _Exchange, status: int, message: str | None = None) -> dict:
+        """The error body for ``status`` in the dialect of the request."""
+        if ex.anthropic:
+            return anthropic.error_body(status, message)
+        return error_body(status, message)
 
     def _refusal(self, request: web.Request) -> int | None:
         """The status every request gets regardless of its body (auth, forced), if any."""
@@ -759,8 +811,11 @@ class FakeServer:
         if kind == "transient":  # exactly as before the other faults existed
             if not digest[8] & 1:
                 ex.fault = "500"
-                return self._reply(ex, 500, error_body(500))
+                return self._reply(ex, 500, self._error_body(ex, 500))
             ex.fault = "rate_limit"
+            if ex.anthropic:
+                headers = anthropic.retry_after(self.retry_after_s)
+                return self._reply(ex, 429, anthropic.error_body(429), headers)
             payload = error_body(
                 429, "Rate limit reached for requests.", code="rate_limit_exceeded"
             )
@@ -774,7 +829,9 @@ class FakeServer:
         if kind == "reset":
             return self._reset(ex, "reset")
         if kind == "500" or kind == "503":
-            return self._reply(ex, int(kind), error_body(int(kind)))
+            # Anthropic says "overloaded" with a 529 where OpenAI sends a 503.
+            status = anthropic.OVERLOADED if ex.anthropic and kind == "503" else int(kind)
+            return self._reply(ex, status, self._error_body(ex, status))
         payload = _BUILDERS[path](ex.body, ex.prompt)
         if kind == "malformed":
             return self._reply(ex, 200, malformed_body(payload, truncate=bool(digest[9] & 1)))
@@ -811,13 +868,16 @@ class FakeServer:
         if self.outage_fault == "reset":
             return self._reset(ex, "outage")
         ex.fault = "outage"
-        return self._reply(ex, 503, error_body(503))
+        status = anthropic.OVERLOADED if ex.anthropic else 503
+        return self._reply(ex, status, self._error_body(ex, status))
 
     def _rate_limited(self, ex: _Exchange, kind: str, wait_s: float | None) -> web.Response:
         """429 with OpenAI's message for the ``kind`` of limit broken and the wait it needs."""
         ex.fault = "rate_limit"
-        model = (ex.body.get("model") if isinstance(ex.body, dict) else None) or MODEL
         limit = self.rpm if kind == "requests" else self.tpm
+        if ex.anthropic:
+            return self._reply(ex, 429, *anthropic.rate_limited(kind, limit, wait_s))
+        model = (ex.body.get("model") if isinstance(ex.body, dict) else None) or MODEL
         requested = 1 if kind == "requests" else ex.tokens
         where = f"for {model} in organization {ORGANIZATION} on {_PER_MINUTE[kind]}: Limit {limit}"
         if wait_s is None:  # it alone is over the limit: no wait helps, and OpenAI names none
@@ -855,11 +915,17 @@ class FakeServer:
         note: bool = True,
     ) -> web.Response:
         """The JSON reply, with the request id and any rate-limit headers; logged unless told."""
-        headers = {"x-request-id": "req_" + hashlib.sha256(ex.raw).hexdigest()[:24]}
+        request_id = "req_" + hashlib.sha256(ex.raw).hexdigest()[:24]
+        headers = {"request-id" if ex.anthropic else "x-request-id": request_id}
         if extra_headers:
             headers.update(extra_headers)
         if self.rpm is not None or self.tpm is not None:
-            headers.update(self._limiter.headers(time.monotonic(), rpm=self.rpm, tpm=self.tpm))
+            now = time.monotonic()
+            if ex.anthropic:
+                windows = self._limiter.windows(now, rpm=self.rpm, tpm=self.tpm)
+                headers.update(anthropic.rate_limit_headers(windows))
+            else:
+                headers.update(self._limiter.headers(now, rpm=self.rpm, tpm=self.tpm))
         if note:
             self._note(ex, status)
         return web.Response(
@@ -903,6 +969,8 @@ class FakeServer:
             prompt=ex.prompt,
             status=status,
             had_authorization="Authorization" in request.headers,
+            had_api_key="x-api-key" in request.headers,
+            anthropic_version=request.headers.get(anthropic.VERSION_HEADER),
             tokens=ex.tokens,
             fault=ex.fault,
             received=ex.received,
