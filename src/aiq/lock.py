@@ -14,7 +14,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .errors import StoreLocked
+from .errors import StoreError, StoreLocked
 
 
 class StoreLock:
@@ -26,8 +26,7 @@ class StoreLock:
         self._fd: int | None = None
 
     def __enter__(self) -> StoreLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._open()
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
@@ -47,6 +46,16 @@ class StoreLock:
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
         return self
+
+    def _open(self) -> int:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StoreError(
+                f"{self.path}: cannot create the store's lock file ({exc.strerror}); "
+                f"make {self.path.parent} writable or pass --db PATH"
+            ) from exc
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:

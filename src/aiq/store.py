@@ -306,35 +306,43 @@ class JobStore:
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], *, readonly: bool = False) -> JobStore:
-        """Open (creating and migrating unless ``readonly``) the store at ``path``."""
+        """Open (creating and migrating unless ``readonly``) the store at ``path``.
+
+        Raises StoreError, naming the path and what to do, when it cannot be used.
+        """
         p = Path(path)
+        if p.is_dir():
+            raise StoreError(f"{p}: is a directory; pass --db a file path, like {p / 'aiq.db'}")
         if readonly and not p.exists():
             raise StoreError(f"{p}: no store here yet; run `aiq add FILE` or `aiq run FILE`")
         if not readonly:
-            try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-                if not p.exists():
-                    # Prompts and replies are private: owner-only from the first byte.
-                    os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
-            except OSError as exc:
-                raise StoreError(f"{p}: cannot create the store ({exc.strerror})") from None
+            _create(p)
         uri = f"file:{p}?mode=ro" if readonly else str(p)
         try:
             db = await aiosqlite.connect(uri, uri=readonly, isolation_level=None)
         except sqlite3.Error as exc:
-            raise StoreError(f"{p}: cannot open the store ({exc})") from None
+            raise store_error(p, exc) from exc
         store = cls(db, p)
         try:
             for pragma in _PRAGMAS[1:] if readonly else _PRAGMAS:
                 await db.execute(pragma)
             await store._migrate(readonly=readonly)
-        except sqlite3.DatabaseError as exc:
-            await db.close()
-            raise StoreError(f"{p}: not a usable aiq store ({exc}); move it aside") from None
-        except BaseException:
-            await db.close()
+        except BaseException as exc:
+            with suppress(sqlite3.Error):
+                await db.close()
+            if isinstance(exc, sqlite3.Error):
+                raise store_error(p, exc) from exc
             raise
         return store
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        """``with store.errors():`` an SQLite error in the body becomes a StoreError that
+        names this store and says what to do (a full disk, a read-only directory …)."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise store_error(self.path, exc) from exc
 
     async def _migrate(self, *, readonly: bool) -> None:
         await self._db.execute(
@@ -347,8 +355,9 @@ class JobStore:
         known = {name for name, _ in MIGRATIONS}
         if applied - known:
             raise StoreError(
-                f"{self.path}: written by a newer aiq (migration {sorted(applied - known)[-1]}); "
-                "upgrade aiq to use this store"
+                f"{self.path}: written by a newer aiq (it knows migration "
+                f"{sorted(applied - known)[-1]!r}, this one does not); upgrade aiq "
+                "(pip install -U aiq) to use this store, nothing in it was changed"
             )
         pending = [(n, sql) for n, sql in MIGRATIONS if n not in applied]
         if pending and readonly:
@@ -362,7 +371,8 @@ class JobStore:
                 )
 
     async def close(self) -> None:
-        await self._db.close()
+        with self.errors():
+            await self._db.close()
 
     async def __aenter__(self) -> JobStore:
         return self
@@ -712,6 +722,45 @@ class JobStore:
                     yield tuple(row)
 
 
+def _create(p: Path) -> None:
+    """Create the store's file (and missing directories) owner-only, if it is not there."""
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if not p.exists():
+            # Prompts and replies are private: owner-only from the first byte.
+            os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
+    except OSError as exc:
+        raise StoreError(
+            f"{p}: cannot create the store ({exc.strerror}); make {p.parent} writable "
+            "or pass --db PATH"
+        ) from exc
+
+
+# What to do about an SQLite error, by its primary result code.
+_ADVICE = {
+    sqlite3.SQLITE_FULL: "free some space, then run `aiq resume` (what was recorded is kept)",
+    sqlite3.SQLITE_IOERR: "the disk failed a read or write: check it (space, quota, errors), "
+    "then run `aiq resume` (what was recorded is kept)",
+    sqlite3.SQLITE_READONLY: "aiq needs to write the store, its directory and its -wal and "
+    "-shm files: make them writable, or pass --db PATH",
+    sqlite3.SQLITE_PERM: "aiq needs to write the store, its directory and its -wal and "
+    "-shm files: make them writable, or pass --db PATH",
+    sqlite3.SQLITE_CANTOPEN: "check that its directory exists and is writable, or pass --db PATH",
+    sqlite3.SQLITE_NOTADB: "this file is not an aiq store: pass --db PATH, or move it aside",
+    sqlite3.SQLITE_CORRUPT: "the store is damaged: restore a backup, or move it (and its -wal "
+    "and -shm files) aside and start again",
+    sqlite3.SQLITE_BUSY: "another program keeps the store locked: stop it and try again",
+    sqlite3.SQLITE_LOCKED: "another program keeps the store locked: stop it and try again",
+}
+
+
+def store_error(path: Path, exc: sqlite3.Error) -> StoreError:
+    """The StoreError a user sees for ``exc``, an SQLite error on the store at ``path``."""
+    code = getattr(exc, "sqlite_errorcode", -1) & 0xFF
+    advice = _ADVICE.get(code, "run the command again with --traceback and report it")
+    return StoreError(f"{path}: {exc}; {advice}")
+
+
 def _statements(script: str) -> list[str]:
     """Split a migration into statements (sqlite3.complete_statement keeps triggers whole)."""
     out, buf = [], ""
@@ -733,4 +782,18 @@ class _Transaction:
         await self._db.execute("BEGIN IMMEDIATE")
 
     async def __aexit__(self, exc_type: object, *rest: object) -> None:
-        await self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            try:
+                await self._db.execute("COMMIT")
+            except BaseException:
+                await self._rollback()  # else the next BEGIN fails and hides this error
+                raise
+        else:
+            await self._rollback()
+
+    async def _rollback(self) -> None:
+        # After SQLITE_FULL or an I/O error SQLite may have rolled back already: a second
+        # ROLLBACK would fail and replace the error that says what happened.
+        if self._db.in_transaction:
+            with suppress(sqlite3.Error):
+                await self._db.execute("ROLLBACK")

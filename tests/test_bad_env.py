@@ -1,0 +1,241 @@
+"""Bad environments: each gives one clear `error:` line, exit 2, and loses nothing.
+
+Real `aiq` subprocesses on real files. Two conditions need help to arise in a test:
+
+- A read-only directory: root ignores permissions, so under root the subprocess runs through
+  ``setpriv`` without the capabilities that bypass them (as any other user would be).
+- A full disk: the subprocess runs the real CLI with SQLite's ``max_page_count`` lowered on
+  the store's connection once it is open (``_LIMITED``). SQLite then fails the write that
+  would grow the database with SQLITE_FULL, "database or disk is full": the very error a
+  full disk (ENOSPC) gives, through the same code in aiq.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import aiq_cmd, aiq_env, read_jsonl, run_aiq, write_prompts
+from fakeserver import FakeServer
+
+# The real CLI, its store opened with room for only argv[1] more pages.
+_LIMITED = """
+import sys
+import aiq.store
+from aiq.cli import main
+
+extra_pages = int(sys.argv.pop(1))
+real_open = aiq.store.JobStore.open.__func__
+
+async def open_with_little_room(cls, path, *, readonly=False):
+    store = await real_open(cls, path, readonly=readonly)
+    if not readonly:
+        ((pages,),) = await store._db.execute_fetchall("PRAGMA page_count")
+        await store._db.execute(f"PRAGMA max_page_count = {pages + extra_pages}")
+    return store
+
+aiq.store.JobStore.open = classmethod(open_with_little_room)
+sys.argv[0] = "aiq"
+main()
+"""
+
+
+def _one_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """The single `error:` line of a failed command, checked for exit 2 and ``needles``."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
+
+
+def _prompts(n: int, tag: str = "p") -> list[tuple[str, str]]:
+    return [(f"{tag}{i}", f"question {tag}{i}: what is {i} squared? " * 8) for i in range(n)]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _counts(cwd: Path, db: str) -> dict[str, int]:
+    proc = run_aiq("status", "--json", "--db", db, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    counts: dict[str, int] = json.loads(proc.stdout)["counts"]
+    return counts
+
+
+def _without_root_powers(cmd: list[str]) -> list[str]:
+    """``cmd`` as a process that file permissions apply to, even when the tests run as root."""
+    if os.geteuid() != 0:
+        return cmd
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: permissions cannot be made to apply")
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search,-fowner", *cmd]
+
+
+def _run_restricted(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    cmd = _without_root_powers(aiq_cmd(*args))
+    return subprocess.run(cmd, cwd=cwd, env=aiq_env(), capture_output=True, text=True, timeout=60)
+
+
+# -- where the store goes ----------------------------------------------------------------
+
+
+_ADD = ["add", "in.jsonl", "--model", "m"]
+_RUN = ["run", "in.jsonl", "--provider", "simulated", "--model", "m"]
+_RESUME = ["resume", "--provider", "simulated"]
+
+
+@pytest.mark.parametrize("args", [_ADD, _RUN], ids=["add", "run"])
+def test_store_in_a_read_only_directory(tmp_path: Path, args: list[str]) -> None:
+    write_prompts(tmp_path / "in.jsonl", _prompts(3))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        proc = _run_restricted(*args, "--db", "locked/aiq.db", cwd=tmp_path)
+    finally:
+        locked.chmod(0o755)
+    _one_error(proc, "locked/aiq.db", "Permission denied", "writable", "--db")
+    assert list(locked.iterdir()) == []
+
+
+def test_existing_store_made_read_only_keeps_its_jobs(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "in.jsonl", _prompts(5))
+    assert run_aiq("add", "in.jsonl", "--model", "m", cwd=tmp_path).returncode == 0
+    db = tmp_path / ".aiq" / "aiq.db"
+    before = _digest(db)
+    db.chmod(0o444)
+    try:
+        for args in (_RESUME, ["replay-dead"]):
+            proc = _run_restricted(*args, cwd=tmp_path)
+            _one_error(proc, ".aiq/aiq.db", "readonly database", "make them writable")
+    finally:
+        db.chmod(0o600)
+    assert _digest(db) == before
+    proc = run_aiq("resume", "--provider", "simulated", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _counts(tmp_path, ".aiq/aiq.db")["done"] == 5
+
+
+def test_missing_directories_of_a_store_path_are_created(tmp_path: Path) -> None:
+    # What `mkdir -p` would do: a user naming a new store's place expects it made there.
+    write_prompts(tmp_path / "in.jsonl", _prompts(3))
+    proc = run_aiq("add", "in.jsonl", "--model", "m", "--db", "runs/june/aiq.db", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _counts(tmp_path, "runs/june/aiq.db")["queued"] == 3
+    # Reading commands never create one: a mistyped path is an error, not an empty store.
+    proc = run_aiq("status", "--db", "runs/juen/aiq.db", cwd=tmp_path)
+    _one_error(proc, "runs/juen/aiq.db", "no store here yet")
+    assert not (tmp_path / "runs" / "juen").exists()
+
+
+def test_a_directory_given_as_the_store(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "in.jsonl", _prompts(2))
+    (tmp_path / "state").mkdir()
+    for args in (_ADD, ["status"]):
+        proc = run_aiq(*args, "--db", "state", cwd=tmp_path)
+        _one_error(proc, "state: is a directory", "state/aiq.db")
+    assert list((tmp_path / "state").iterdir()) == []
+
+
+# -- what is in the store's place -----------------------------------------------------------
+
+
+def _text_file(path: Path) -> None:
+    path.write_text("custom_id,prompt\na1,hello\n")
+
+
+def _corrupted_store(path: Path) -> None:
+    """A real aiq store whose pages after the header were overwritten."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE migrations (name TEXT PRIMARY KEY, applied_at REAL)")
+    db.execute("CREATE TABLE filler (x BLOB)")
+    db.executemany("INSERT INTO filler VALUES (?)", [(os.urandom(500),) for _ in range(100)])
+    db.commit()
+    db.close()
+    with path.open("r+b") as f:
+        f.seek(100)  # the 100-byte header stays: SQLite takes it for a database
+        f.write(b"\xa5" * 3 * 4096)
+
+
+@pytest.mark.parametrize(
+    ("make", "needles"),
+    [
+        (_text_file, ["file is not a database", "not an aiq store"]),
+        (_corrupted_store, ["malformed", "damaged", "restore a backup"]),
+    ],
+    ids=["text-file", "corrupted-sqlite"],
+)
+@pytest.mark.parametrize("args", [_ADD, _RUN, _RESUME, ["status"], ["export"]], ids=lambda a: a[0])
+def test_unusable_store_file_is_reported_and_left_alone(
+    tmp_path: Path, make: object, needles: list[str], args: list[str]
+) -> None:
+    write_prompts(tmp_path / "in.jsonl", _prompts(2))
+    db = tmp_path / "bad.db"
+    make(db)  # type: ignore[operator]
+    before = _digest(db)
+    proc = run_aiq(*args, "--db", "bad.db", cwd=tmp_path)
+    _one_error(proc, "bad.db: ", *needles)
+    assert _digest(db) == before
+
+
+def test_store_written_by_a_newer_aiq_is_refused_untouched(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "in.jsonl", _prompts(3))
+    assert run_aiq("add", "in.jsonl", "--model", "m", cwd=tmp_path).returncode == 0
+    db = tmp_path / ".aiq" / "aiq.db"
+    with sqlite3.connect(db) as con:
+        con.execute("INSERT INTO migrations VALUES ('9999_from_the_future', 0)")
+    con.close()
+    before = _digest(db)
+    for args in (_RUN, ["status"]):
+        proc = run_aiq(*args, cwd=tmp_path)
+        _one_error(proc, "newer aiq", "9999_from_the_future", "upgrade aiq")
+    assert _digest(db) == before
+
+
+# -- a full disk ----------------------------------------------------------------------------
+
+
+def _run_limited(extra_pages: int, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-c", _LIMITED, str(extra_pages), *args]
+    return subprocess.run(cmd, cwd=cwd, env=aiq_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_disk_full_mid_run_stops_keeps_what_was_recorded_and_resume_finishes(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    prompts = _prompts(300)
+    write_prompts(tmp_path / "in.jsonl", prompts)
+    args = ["--base-url", server.base_url, "--concurrency", "8"]
+    assert run_aiq("add", "in.jsonl", "--model", "m", cwd=tmp_path).returncode == 0
+
+    # Room for about a hundred replies: the disk fills up a third of the way in.
+    full = _run_limited(30, "resume", *args, "-q", cwd=tmp_path)
+
+    _one_error(full, ".aiq/aiq.db", "database or disk is full", "free some space", "aiq resume")
+    counts = _counts(tmp_path, ".aiq/aiq.db")
+    assert 0 < counts["done"] < 300, counts
+    exported = run_aiq("export", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    recorded = {r["custom_id"] for r in read_jsonl(tmp_path / "in.results.jsonl")}
+    assert len(recorded) == counts["done"]
+
+    resumed = run_aiq("resume", *args, "-q", cwd=tmp_path)
+
+    assert resumed.returncode == 0, resumed.stderr
+    results = read_jsonl(tmp_path / "in.results.jsonl")
+    assert sorted(r["custom_id"] for r in results) == sorted(cid for cid, _ in prompts)
+    texts = dict(prompts)
+    for custom_id in recorded:  # what was recorded before the disk filled is not sent again
+        assert server.count_for(texts[custom_id]) == 1, custom_id
