@@ -1,65 +1,309 @@
-"""Requests-per-minute and tokens-per-minute budgets, paced smoothly (GCRA).
+"""Requests-per-minute and tokens-per-minute budgets: paced smoothly, exact over any minute.
 
-Each budget is a virtual clock ``tat`` (theoretical arrival time): a request of cost c may go
-once ``tat - tolerance <= now`` and pushes ``tat`` forward by ``c * 60 / limit``. That spreads
-calls evenly instead of firing a minute's quota at once and then stalling, and needs no
-background refill task. Time comes from the injected clock, so tests drive it directly.
+Each budget does two things for every request:
+
+- **Pacing** (GCRA): a virtual clock ``tat`` (the next free slot) moves forward by
+  ``cost * 60 / (limit * headroom)`` per booking, so requests are spread evenly rather than a
+  minute's quota fired at once. Providers may enforce a per-minute limit per second (60,000/min
+  as 1,000/s); an even pace a little under the limit passes both, a burst does not. (Exactly so
+  from 3,000/min up, where the headroom is worth a request a second; under that, a one-second
+  window may see one request more, which the provider answers with a short 429.)
+- **A guard** over the last 60 s: a log of what was booked when, and no booking that would put
+  more than the limit into any 60-second window. Pacing alone lets a large token request
+  through at the end of a full window; the guard does not.
+
+The provider's own headers keep both honest (:meth:`RateLimiter.observe`): a limit it reports
+below the configured one wins, and usage it reports above what the log holds (another client
+on the same key, a prompt estimate too low) is booked as a phantom entry so the guard holds back.
+Token estimates are settled against each reply's usage, and the prompt estimate learns the
+ratio. Time comes from the injected clock, so tests drive it without sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from .ratelimit_headers import RateLimitInfo, Window
+
+WINDOW_S = 60.0
+# Pace at this share of a limit: requests leave the event loop a few ms late now and then, so
+# an exact pace would sometimes put one request too many into a provider's one-second window.
+HEADROOM = 0.98
+# Differences this small between the provider's count and ours are noise (timing), not usage
+# we did not see; the headroom covers them.
+_SYNC_SLACK = 0.01
+# A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
+_EPSILON_S = 1e-6
+
+
+class RequestTooLarge(Exception):
+    """One request needs more tokens than the whole tokens-per-minute limit: it never fits."""
+
+
+class _Entry:
+    """One booking in a budget's log; ``cost`` changes when the booking is settled."""
+
+    __slots__ = ("at", "cost")
+
+    def __init__(self, at: float, cost: float) -> None:
+        self.at = at
+        self.cost = cost
 
 
 class Budget:
-    """One per-minute limit; ``reserve`` returns how long the caller must wait."""
+    """One per-minute limit: its pace, and its log of the last minute's bookings."""
 
-    def __init__(self, per_minute: float, *, burst_s: float = 1.0) -> None:
+    def __init__(
+        self, per_minute: float, *, headroom: float = HEADROOM, configured: bool = True
+    ) -> None:
         if per_minute <= 0:
             raise ValueError("per_minute must be positive")
+        self._headroom = headroom
+        # A configured limit is a ceiling: the provider may report a lower one, which wins.
+        self._ceiling = per_minute if configured else math.inf
         self.per_minute = per_minute
-        self._interval = 60.0 / per_minute
-        # How far ahead of its even pace a caller may run: about burst_s of quota at once.
-        self._tolerance = max(0.0, burst_s - self._interval)
-        self._tat = 0.0
+        self._interval = 60.0 / (per_minute * headroom)
+        self._tat = -math.inf
+        self._log: deque[_Entry] = deque()
+        self._sum = 0.0  # of the costs in the log
+        self._last_at = -math.inf  # bookings are made in time order: the guard relies on it
+        self._horizon = -math.inf  # bookings at or before this have left the log
 
-    def reserve(self, now: float, cost: float = 1.0) -> float:
-        """Book ``cost`` units; returns seconds to wait before using them (0 if none)."""
-        tat = max(self._tat, now)
-        self._tat = tat + cost * self._interval
-        return max(0.0, tat - self._tolerance - now)
+    def set_limit(self, per_minute: float) -> None:
+        """A new limit (one the provider reported); the pace changes from the next booking."""
+        self.per_minute = per_minute
+        self._interval = 60.0 / (per_minute * self._headroom)
+
+    def ready_at(self, earliest: float, cost: float) -> float:
+        """The first time from ``earliest`` that ``cost`` fits both the pace and the guard."""
+        if cost > self.per_minute:
+            raise RequestTooLarge(f"needs {cost:.0f}, more than the limit of {self.per_minute:.0f}")
+        at = max(earliest, self._tat, self._last_at)
+        # The guard: the oldest bookings leave the window first; wait for enough of them.
+        used = self._sum
+        for e in self._log:
+            if e.at > at - WINDOW_S:
+                if used + cost <= self.per_minute:
+                    break
+                at = e.at + WINDOW_S + _EPSILON_S
+            used -= e.cost
+        return at
+
+    def book(self, at: float, cost: float) -> _Entry:
+        """Book ``cost`` at ``at`` (from :meth:`ready_at`, or later)."""
+        self._tat = max(self._tat, at) + cost * self._interval
+        self._append(_Entry(at, cost))
+        return self._log[-1]
+
+    def _append(self, entry: _Entry) -> None:
+        self._last_at = entry.at
+        self._log.append(entry)
+        self._sum += entry.cost
+        log, horizon = self._log, entry.at - WINDOW_S
+        while log[0].at <= horizon:  # no later booking can fall in a window holding these
+            self._sum -= log.popleft().cost
+        self._horizon = horizon
+
+    def used(self, now: float) -> float:
+        """What the log holds in the window ending at ``now`` (bookings after it excluded)."""
+        used = self._sum
+        for e in reversed(self._log):
+            if e.at <= now:
+                break
+            used -= e.cost
+        for e in self._log:
+            if e.at > now - WINDOW_S:
+                break
+            used -= e.cost
+        return max(0.0, used)
+
+    def settle(self, entry: _Entry, cost: float) -> None:
+        """The booking really cost ``cost``: correct the log, and the pace by the difference."""
+        self._tat += (cost - entry.cost) * self._interval
+        if entry.at > self._horizon:  # still in the log
+            self._sum += cost - entry.cost
+        entry.cost = cost
+
+    def sync(self, now: float, reported: Window, sent_at: float | None = None) -> None:
+        """Follow what the provider says about this budget in its headers after a reply.
+
+        ``sent_at`` is when the request went: a provider may write its headers when it admits
+        a request or when it answers, and comparing with the fuller of the two moments keeps
+        bookings that left the window meanwhile from looking like usage we did not see.
+        """
+        if reported.limit:
+            limit = min(self._ceiling, reported.limit)
+            if limit != self.per_minute:
+                self.set_limit(limit)
+        if reported.remaining is None:
+            return
+        ours = self.used(now)
+        if sent_at is not None:
+            ours = max(ours, self.used(sent_at))
+        missing = (self.per_minute - reported.remaining) - ours
+        if missing <= _SYNC_SLACK * self.per_minute:
+            return
+        # The provider counts more than we booked. Hold it as booked until the provider's
+        # window empties (its reset), and at the end of the log so the log stays in order.
+        reset = min(reported.reset_s if reported.reset_s is not None else WINDOW_S, WINDOW_S)
+        at = max(self._last_at, now + reset - WINDOW_S)
+        self._append(_Entry(at, missing))
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What one request booked; hand it back to :meth:`RateLimiter.settle` or ``refund``."""
+
+    prompt_estimate: int
+    reserved: int
+    request: _Entry | None = None
+    tokens: _Entry | None = None
+    cost: float = 0.0
+
+
+@dataclass(slots=True)
+class _Learned:
+    """The ratio of real prompt tokens to estimated ones, averaged over recent replies."""
+
+    ratio: float = 1.0
+    samples: int = 0
+
+    def update(self, estimated: int, actual: int) -> None:
+        if estimated <= 0 or actual <= 0:
+            return
+        self.samples += 1
+        weight = max(0.05, 1.0 / self.samples)  # a plain mean first, then a moving average
+        self.ratio += weight * (actual / estimated - self.ratio)
+
+
+@dataclass(slots=True)
+class Limits:
+    """The limits the run paces to now (None: not limited, or not known yet)."""
+
+    rpm: float | None
+    tpm: float | None
 
 
 class RateLimiter:
-    """Paces calls under optional requests/min and tokens/min limits."""
+    """Paces calls under optional requests/min and tokens/min limits, configured or learned."""
 
     def __init__(
         self,
         *,
         rpm: float | None = None,
         tpm: float | None = None,
+        headroom: float = HEADROOM,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._requests = Budget(rpm) if rpm else None
-        self._tokens = Budget(tpm) if tpm else None
+        self._headroom = headroom
+        self._requests = Budget(rpm, headroom=headroom) if rpm else None
+        self._tokens = Budget(tpm, headroom=headroom) if tpm else None
         self._clock = clock
         self._sleep = sleep
-        self._paused_until = 0.0
+        self._paused_until = -math.inf
+        self._prompt = _Learned()
+        self._avg_cost = _Learned()  # tokens per request, for concurrency sizing
+        self._rebook = False
+        self.learned: bool = False  # whether any limit came from the provider's headers
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether requests need a token estimate (a tokens-per-minute limit is known)."""
+        return self._tokens is not None
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            self._requests.per_minute if self._requests else None,
+            self._tokens.per_minute if self._tokens else None,
+        )
+
+    def requests_per_s(self) -> float | None:
+        """The pace the limits allow, in requests per second (None if unlimited)."""
+        rates = []
+        if self._requests is not None:
+            rates.append(self._requests.per_minute * self._headroom / 60.0)
+        if self._tokens is not None and self._avg_cost.samples:
+            rates.append(self._tokens.per_minute * self._headroom / 60.0 / self._avg_cost.ratio)
+        return min(rates) if rates else None
 
     def pause(self, seconds: float) -> None:
         """Hold every caller for ``seconds`` (a 429 tells the whole client to back off)."""
         self._paused_until = max(self._paused_until, self._clock() + seconds)
 
-    async def acquire(self, tokens: int = 0) -> None:
-        """Wait until one request of ``tokens`` estimated tokens fits both budgets."""
+    async def acquire(self, prompt_tokens: int = 0, reserved: int = 0) -> Ticket:
+        """Wait until one request fits every budget; returns its ticket.
+
+        Raises RequestTooLarge when its token cost exceeds the whole tokens-per-minute limit.
+        """
+        ticket = Ticket(prompt_tokens, reserved)
+        while True:
+            now = self._clock()
+            at = self._book(ticket, now)
+            if at > now:
+                await self._sleep(at - now)
+            if self._paused_until <= at:
+                return ticket
+            # A pause began while this request waited for its slot: give the slot back and
+            # book again after the pause, so the pause is kept and its end is paced too.
+            self.refund(ticket)
+
+    def _book(self, ticket: Ticket, now: float) -> float:
+        at = max(now, self._paused_until)
+        cost = ticket.prompt_estimate * self._prompt.ratio + ticket.reserved
+        requests, tokens = self._requests, self._tokens
+        if requests is not None:
+            at = requests.ready_at(at, 1)
+        if tokens is not None and cost:
+            at = tokens.ready_at(at, cost)
+            if requests is not None:  # the token guard moved it: the request pace still holds
+                at = requests.ready_at(at, 1)
+        if requests is not None:
+            ticket.request = requests.book(at, 1)
+        if tokens is not None and cost:
+            ticket.tokens = tokens.book(at, cost)
+        ticket.cost = cost
+        return at
+
+    def refund(self, ticket: Ticket) -> None:
+        """The request was not sent, or the provider did not count it (its 429)."""
+        if ticket.request is not None and self._requests is not None:
+            self._requests.settle(ticket.request, 0)
+        if ticket.tokens is not None and self._tokens is not None:
+            self._tokens.settle(ticket.tokens, 0)
+        ticket.request = ticket.tokens = None
+
+    def settle(self, ticket: Ticket, prompt_tokens: int) -> None:
+        """The reply's usage says the prompt was ``prompt_tokens``: correct the booking."""
+        if prompt_tokens > 0:
+            self._prompt.update(ticket.prompt_estimate, prompt_tokens)
+            actual = prompt_tokens + ticket.reserved
+            self._avg_cost.update(1, actual)
+            if ticket.tokens is not None and self._tokens is not None:
+                self._tokens.settle(ticket.tokens, actual)
+
+    def observe(self, info: RateLimitInfo | None, ticket: Ticket | None = None) -> None:
+        """Follow the provider's rate-limit headers from the reply (or error) to ``ticket``."""
+        if info is None:
+            return
         now = self._clock()
-        wait = max(0.0, self._paused_until - now)
-        if self._requests is not None:
-            wait = max(wait, self._requests.reserve(now))
-        if self._tokens is not None and tokens:
-            wait = max(wait, self._tokens.reserve(now, tokens))
-        if wait > 0:
-            await self._sleep(wait)
+        sent_at = ticket.request.at if ticket is not None and ticket.request else None
+        for kind, window in (("requests", info.requests), ("tokens", info.tokens)):
+            budget = self._requests if kind == "requests" else self._tokens
+            if budget is None:
+                if not window.limit:
+                    continue
+                # A limit nobody configured: learn it from the provider.
+                budget = Budget(window.limit, headroom=self._headroom, configured=False)
+                if kind == "requests":
+                    self._requests = budget
+                else:
+                    self._tokens = budget
+                self.learned = True
+            budget.sync(now, window, sent_at)

@@ -86,6 +86,8 @@ def classify_status(status: int, message: str, code: str | None = None) -> tuple
         return "quota", False, True
     if "context_length_exceeded" in (code or "") or "maximum context length" in lowered:
         return "invalid_request", False, False
+    if status == 429 and "request too large" in lowered:  # bigger than the whole limit: never fits
+        return "invalid_request", False, False
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     if 500 <= status < 600:

@@ -1,0 +1,245 @@
+"""The rate limiter, driven by a fake clock: no test here sleeps.
+
+The properties are the limiter's promises: no 60-second window ever holds more than a limit,
+an even pace under it, the whole quota used when demand is there, a 429's pause kept by every
+caller, and the provider's headers followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiq.limiter import HEADROOM, WINDOW_S, Budget, RateLimiter, RequestTooLarge
+from aiq.ratelimit_headers import RateLimitInfo, Window
+
+
+class FakeClock:
+    """A clock that only moves when a caller sleeps."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+
+def limiter(clock: FakeClock, **kw: float) -> RateLimiter:
+    return RateLimiter(clock=clock, sleep=clock.sleep, **kw)  # type: ignore[arg-type]
+
+
+def max_in_window(times: list[float], costs: list[float], span: float) -> float:
+    """The most cost any half-open window (t - span, t] holds, as the fake server counts."""
+    order = sorted(range(len(times)), key=times.__getitem__)
+    ts = [times[i] for i in order]
+    cs = [costs[i] for i in order]
+    best, lo, total = 0.0, 0, 0.0
+    for hi in range(len(ts)):
+        total += cs[hi]
+        while ts[lo] <= ts[hi] - span:
+            total -= cs[lo]
+            lo += 1
+        best = max(best, total)
+    return best
+
+
+def unlimited_info(**windows: Window) -> RateLimitInfo:
+    empty = Window(None, None, None)
+    return RateLimitInfo(windows.get("requests", empty), windows.get("tokens", empty))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    limit=st.integers(1, 5_000),
+    arrivals=st.lists(st.tuples(st.floats(0, 3), st.floats(0, 1)), min_size=1, max_size=400),
+)
+def test_budget_never_puts_more_than_its_limit_into_any_minute(
+    limit: int, arrivals: list[tuple[float, float]]
+) -> None:
+    """Random arrival gaps and costs (a share of the limit, as a token budget sees them)."""
+    budget = Budget(limit)
+    now, times, costs = 0.0, [], []
+    for gap, share in arrivals:
+        now += gap
+        cost = max(1.0, share * limit)
+        at = budget.ready_at(now, cost)
+        assert at >= now
+        budget.book(at, cost)
+        times.append(at)
+        costs.append(cost)
+    assert max_in_window(times, costs, WINDOW_S) <= limit + 1e-6
+
+
+@settings(max_examples=100, deadline=None)
+@given(rpm=st.integers(3_000, 120_000), n=st.integers(2, 600))
+def test_request_budget_paces_evenly_a_little_under_the_limit(rpm: int, n: int) -> None:
+    """A crowd arriving at once leaves one request per interval: even enough for a provider
+    that enforces rpm / 60 per second (the half-open one-second window holds at most that),
+    from 3,000/min up, where the 2% headroom is a request a second or more."""
+    budget = Budget(rpm)
+    times = []
+    for _ in range(n):
+        at = budget.ready_at(0.0, 1)
+        budget.book(at, 1)
+        times.append(at)
+    interval = 60.0 / (rpm * HEADROOM)
+    assert times == pytest.approx([i * interval for i in range(n)])
+    assert max_in_window(times, [1.0] * n, 1.0) <= rpm / 60
+
+
+def test_budget_refuses_a_request_larger_than_the_whole_limit() -> None:
+    with pytest.raises(RequestTooLarge, match="more than the limit of 1000"):
+        Budget(1000).ready_at(0.0, 1001)
+
+
+def test_settling_a_booking_corrects_the_pace_and_the_window() -> None:
+    budget = Budget(600, headroom=1.0)  # 10 tokens a second
+    first = budget.book(budget.ready_at(0.0, 500), 500)
+    assert budget.ready_at(0.0, 50) == pytest.approx(50.0)  # paying off 500 tokens
+    budget.settle(first, 100)  # it really cost 100
+    assert budget.ready_at(0.0, 50) == pytest.approx(10.0)
+    assert budget.used(0.0) == 100
+
+
+def drain(lim: RateLimiter, clock: FakeClock, n: int, tokens: int = 0) -> list[float]:
+    """Acquire ``n`` slots one after another (as senders do); returns when each was granted."""
+
+    async def go() -> list[float]:
+        out = []
+        for _ in range(n):
+            await lim.acquire(tokens)
+            out.append(clock.now)
+        return out
+
+    return asyncio.run(go())
+
+
+def test_a_busy_limiter_uses_the_whole_quota_and_no_more() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=6000)
+    times = drain(lim, clock, 3000)
+    elapsed = times[-1] - times[0]
+    # 3,000 requests at 6,000/min take 30 s; the pace is 98% of the limit.
+    assert 30.0 <= elapsed <= 30.0 / HEADROOM + 0.01
+    assert max_in_window(times, [1.0] * len(times), 1.0) <= 100
+
+
+def test_tokens_per_minute_paces_by_estimated_cost_then_by_the_settled_one() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, tpm=60_000, headroom=1.0)  # 1,000 tokens a second
+
+    async def go() -> list[float]:
+        out = []
+        for _ in range(4):
+            ticket = await lim.acquire(prompt_tokens=400, reserved=100)
+            out.append(clock.now)
+            lim.settle(ticket, prompt_tokens=800)  # the prompt was twice the estimate
+        return out
+
+    t = asyncio.run(go())
+    assert t[1] - t[0] == pytest.approx(0.9)  # 800 + 100 tokens paid off, not 500
+    # From then on the estimate is doubled: 400 * 2 + 100 = 900 a request.
+    assert t[3] - t[2] == pytest.approx(0.9)
+
+
+def test_a_pause_holds_every_caller_including_those_already_booked() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=60)  # one a second (a little under: headroom)
+
+    async def go() -> list[float]:
+        first = await lim.acquire()
+        assert first.request is not None
+        lim.pause(10.0)  # a 429 arrived
+        await lim.acquire()
+        return [clock.now]
+
+    start = clock.now
+    (second,) = asyncio.run(go())
+    assert second >= start + 10.0
+
+
+def test_a_pause_alone_delays_without_limits() -> None:
+    clock = FakeClock()
+    lim = limiter(clock)
+    lim.pause(2.5)
+    start = clock.now
+    drain(lim, clock, 3)
+    assert clock.now == pytest.approx(start + 2.5)
+
+
+def test_limits_are_learned_from_headers_when_none_are_configured() -> None:
+    clock = FakeClock()
+    lim = limiter(clock)
+    assert lim.limits.rpm is None and lim.requests_per_s() is None
+    lim.observe(unlimited_info(requests=Window(600, 599, 0.1), tokens=Window(90_000, 89_000, 1)))
+    assert (lim.limits.rpm, lim.limits.tpm) == (600, 90_000)
+    assert lim.learned
+    times = drain(lim, clock, 11)
+    assert times[-1] - times[0] == pytest.approx(10 * 60 / (600 * HEADROOM))
+
+
+@pytest.mark.parametrize(
+    ("configured", "reported", "expected"), [(1000, 600, 600), (600, 1000, 600), (None, 800, 800)]
+)
+def test_the_lower_of_configured_and_reported_limit_wins(
+    configured: int | None, reported: int, expected: int
+) -> None:
+    lim = limiter(FakeClock(), rpm=configured) if configured else limiter(FakeClock())
+    lim.observe(unlimited_info(requests=Window(reported, reported, 0.0)))
+    assert lim.limits.rpm == expected
+
+
+def test_a_learned_limit_follows_the_provider_up_and_down() -> None:
+    lim = limiter(FakeClock())
+    lim.observe(unlimited_info(requests=Window(600, 600, 0.0)))
+    lim.observe(unlimited_info(requests=Window(1200, 1200, 0.0)))
+    assert lim.limits.rpm == 1200
+
+
+def test_usage_the_provider_reports_beyond_ours_holds_the_limiter_back() -> None:
+    """Another client on the same key used 540 of 600 this minute: only 60 are left."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=600)
+    lim.observe(unlimited_info(requests=Window(600, 60, 30.0)))
+    times = drain(lim, clock, 62)
+    # 60 fit in the current window; the rest wait for the provider's reset (30 s).
+    assert times[59] - times[0] < 10.0
+    assert times[61] - times[0] >= 30.0 - 1e-6
+
+
+def test_a_small_difference_from_the_provider_is_not_treated_as_usage() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=6000)
+    drain(lim, clock, 100)
+    # The provider counted 3 more than we booked (timing): no phantom holds the pace back.
+    lim.observe(unlimited_info(requests=Window(6000, 6000 - 103, 1.0)))
+    before = clock.now
+    drain(lim, clock, 2)
+    assert clock.now - before <= 2 * 60 / (6000 * HEADROOM) + 1e-9
+
+
+def test_a_refunded_ticket_gives_its_slot_back() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=60, headroom=1.0)
+
+    async def go() -> None:
+        ticket = await lim.acquire()
+        lim.refund(ticket)  # the provider answered 429 and did not count it
+        await lim.acquire()
+
+    start = clock.now
+    asyncio.run(go())
+    assert clock.now == pytest.approx(start)
+
+
+def test_max_in_window_helper_counts_like_the_fake_server() -> None:
+    # (t - 1, t]: requests exactly one second apart are never in the same window.
+    assert max_in_window([0.0, 1.0, 2.0], [1, 1, 1], 1.0) == 1
+    assert max_in_window([0.0, 0.5, 0.99], [1, 1, 1], 1.0) == 3
