@@ -446,9 +446,10 @@ def test_progress_counts_only_what_the_store_committed(tmp_path: Path) -> None:
     def script(prompt: str, seen: int) -> Reply:
         if prompt.endswith("7"):
             return error(400, "no")
-        return completion(prompt) if seen else error(502, "bad gateway")
+        # A third fail once (not most: that would look like an outage to the breaker).
+        return completion(prompt) if seen or int(prompt[1:]) % 3 else error(502, "bad gateway")
 
     run = run_worker(tmp_path, [f"p{i}" for i in range(30)], script, concurrency=4)
     p: Progress = run.worker.progress
     assert (p.done, p.dead) == (run.counts["done"], run.counts["dead"]) == (27, 3)
-    assert p.retries == 27
+    assert p.retries == 9  # p0, p3, ... p24 (p27 is dead at once)

@@ -52,7 +52,18 @@ BaseUrlOpt = Annotated[
     str | None, typer.Option("--base-url", help="API base URL [env OPENAI_BASE_URL].")
 ]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model for lines naming none.")]
-ConcurrencyOpt = Annotated[int | None, typer.Option("--concurrency", help="Requests in flight.")]
+ConcurrencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency", help="Requests in flight: a number, or auto (sized to the rate limits)."
+    ),
+]
+MaxOutageOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-outage", help="Seconds to wait for a provider that is down, then exit 4 (resumable)."
+    ),
+]
 RpmOpt = Annotated[int | None, typer.Option("--rpm", help="Requests per minute limit.")]
 TpmOpt = Annotated[int | None, typer.Option("--tpm", help="Tokens per minute limit.")]
 AttemptsOpt = Annotated[
@@ -269,6 +280,7 @@ def run(
     order: OrderOpt = None,
     strict: StrictOpt = False,
     max_runtime: MaxRuntimeOpt = None,
+    max_outage: MaxOutageOpt = None,
     metrics_file: MetricsOpt = None,
     log_file: LogFileOpt = None,
     quiet: QuietOpt = False,
@@ -283,7 +295,7 @@ def run(
             db, config, provider=provider, base_url=base_url, model=model,
             concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
             timeout_s=timeout, order=order, strict=strict or None,
-            max_runtime_s=max_runtime, metrics_file=metrics_file,
+            max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
         )  # fmt: skip
         _run(file, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
 
@@ -305,6 +317,7 @@ def resume(
     timeout: TimeoutOpt = None,
     order: OrderOpt = None,
     max_runtime: MaxRuntimeOpt = None,
+    max_outage: MaxOutageOpt = None,
     metrics_file: MetricsOpt = None,
     log_file: LogFileOpt = None,
     quiet: QuietOpt = False,
@@ -318,7 +331,7 @@ def resume(
         cfg = _config(
             db, config, provider=provider, base_url=base_url, concurrency=concurrency,
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
-            max_runtime_s=max_runtime, metrics_file=metrics_file,
+            max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
         )  # fmt: skip
         _run(None, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
 

@@ -25,6 +25,8 @@ DEFAULT_CONFIG = Path("aiq.yaml")
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 SIMULATED_BASE_URL = "http://simulated.invalid/v1"
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_KEY_ENV = "ANTHROPIC_API_KEY"
 SIMULATED_MODEL = "aiq-simulated"
 
 
@@ -43,7 +45,10 @@ class Config:
     max_tokens: int | None = None
     temperature: float | None = None
     system: str | None = None
-    concurrency: int = 32
+    # "auto": enough in flight to reach the rate limits at the latency seen, up to
+    # max_concurrency (worker.Worker); a number fixes it.
+    concurrency: int | str = "auto"
+    max_concurrency: int = 256
     rpm: int | None = None
     tpm: int | None = None
     max_attempts: int = 5
@@ -52,6 +57,7 @@ class Config:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
     grace_s: float = 30.0
+    max_outage_s: float = 600.0  # how long to wait for a provider that is down; then exit 4
     max_runtime_s: float | None = None  # stop claiming after this long; exit 5, resumable
     metrics_file: str | None = None  # Prometheus textfile, rewritten during and after a run
     order: str = "done"
@@ -62,19 +68,43 @@ class Config:
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise UsageError(f"provider {self.provider!r}: use one of {', '.join(PROVIDERS)}")
-        for name in ("concurrency", "max_attempts"):
+        if isinstance(self.concurrency, str):
+            try:
+                parsed: int | str = (
+                    self.concurrency if self.concurrency == "auto" else int(self.concurrency)
+                )
+            except ValueError:
+                raise UsageError(
+                    f"concurrency must be a number or 'auto', got {self.concurrency!r}"
+                ) from None
+            object.__setattr__(self, "concurrency", parsed)
+        if self.max_outage_s <= 0:
+            raise UsageError(f"max_outage must be positive, got {self.max_outage_s}")
+        for name in ("max_concurrency", "max_attempts"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("rpm", "tpm"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise UsageError(f"{name} must be positive, got {value}")
+        if isinstance(self.concurrency, int) and self.concurrency < 1:
+            raise UsageError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_runtime_s is not None and self.max_runtime_s <= 0:
             raise UsageError(f"max_runtime must be positive, got {self.max_runtime_s}")
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise UsageError("timeouts must be positive")
         if self.order not in ("done", "input"):
             raise UsageError(f"order {self.order!r}: use 'done' or 'input'")
+
+    @property
+    def fixed_concurrency(self) -> int | None:
+        """The number of requests in flight, or None for "auto"."""
+        return self.concurrency if isinstance(self.concurrency, int) else None
+
+    @property
+    def pool_size(self) -> int:
+        """Connections the HTTP pool may open: as many as requests may be in flight."""
+        return self.concurrency if isinstance(self.concurrency, int) else self.max_concurrency
 
     @property
     def defaults(self) -> Defaults:
@@ -93,8 +123,8 @@ class Config:
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         path = config_path if config_path is not None else _default_config_path()
-        if path is not None:
-            values.update(_read_yaml(path))
+        file_values = _read_yaml(path) if path is not None else {}
+        values.update(file_values)
         if "OPENAI_BASE_URL" in env:
             values["base_url"] = env["OPENAI_BASE_URL"]
         if "AIQ_DB" in env:
@@ -105,6 +135,12 @@ class Config:
             if "base_url" not in set_flags:
                 values["base_url"] = SIMULATED_BASE_URL
             values.setdefault("model", SIMULATED_MODEL)
+        elif values.get("provider") == "anthropic":
+            # OPENAI_BASE_URL is not for Anthropic; its SDK reads ANTHROPIC_BASE_URL.
+            if "base_url" not in set_flags:
+                default = file_values.get("base_url", ANTHROPIC_BASE_URL)
+                values["base_url"] = env.get("ANTHROPIC_BASE_URL", default)
+            values.setdefault("api_key_env", ANTHROPIC_KEY_ENV)
         key_env = values.get("api_key_env", DEFAULT_KEY_ENV)
         values["api_key"] = env.get(key_env) or None
         if "db" in values:
@@ -125,6 +161,7 @@ _ALIASES = {
     "connect_timeout": "connect_timeout_s",
     "grace": "grace_s",
     "max_runtime": "max_runtime_s",
+    "max_outage": "max_outage_s",
 }
 
 

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import httpx
 
-from .config import OPENAI_BASE_URL, Config
+from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .errors import FatalProviderError, InputError, Interrupted, LimitReached, UsageError
 from .inputs import read_requests
 from .limiter import RateLimiter
 from .lock import StoreLock
 from .metrics import MetricsWriter
 from .outputs import Export, export_source
+from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
+from .providers.base import Provider
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
 from .store import EnqueueCounts, JobStore, Source, Stats
@@ -66,7 +68,8 @@ async def open_store(config: Config, *, readonly: bool = False) -> AsyncIterator
     """The store named by the config, closed on exit."""
     store = await JobStore.open(config.db, readonly=readonly)
     try:
-        yield store
+        with store.errors():  # a full disk mid-run: one `error:` line, not a traceback
+            yield store
     finally:
         await store.close()
 
@@ -100,11 +103,24 @@ async def add_file(
         return (await _enqueue(store, config, path, out, dead))[1]
 
 
-def _make_provider(config: Config) -> tuple[OpenAIProvider, httpx.AsyncBaseTransport]:
+def _make_provider(config: Config) -> tuple[Provider, httpx.AsyncBaseTransport]:
     """The provider and the transport under it (the caller closes the transport)."""
     transport: httpx.AsyncBaseTransport
     if config.provider == "anthropic":
-        raise UsageError("the anthropic provider is not available yet; use --provider openai")
+        if not config.api_key and config.base_url.rstrip("/") == ANTHROPIC_BASE_URL:
+            raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
+        transport = AiohttpTransport(max_connections=config.pool_size)
+        anthropic = AnthropicProvider(
+            transport,
+            base_url=config.base_url,
+            api_key=config.api_key,
+            api_key_env=config.api_key_env,
+            extra_headers=config.extra_headers,
+            default_max_tokens=config.max_tokens or DEFAULT_MAX_TOKENS,
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.timeout_s,
+        )
+        return anthropic, transport
     if config.provider == "simulated":
         transport = SimulatedTransport(
             latency_s=config.simulated_latency_s,
@@ -113,7 +129,7 @@ def _make_provider(config: Config) -> tuple[OpenAIProvider, httpx.AsyncBaseTrans
     else:
         if not config.api_key and config.base_url.rstrip("/") == OPENAI_BASE_URL:
             raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
-        transport = AiohttpTransport(max_connections=config.concurrency)
+        transport = AiohttpTransport(max_connections=config.pool_size)
     provider = OpenAIProvider(
         transport,
         base_url=config.base_url,
@@ -124,14 +140,6 @@ def _make_provider(config: Config) -> tuple[OpenAIProvider, httpx.AsyncBaseTrans
         read_timeout_s=config.timeout_s,
     )
     return provider, transport
-
-
-def _estimator(config: Config) -> Callable[..., int] | None:
-    if not config.tpm:
-        return None
-    # About four bytes per token, plus the completion the request may ask for.
-    default_out = config.max_tokens or 256
-    return lambda job: len(job.body) // 4 + default_out
 
 
 async def run_batch(
@@ -162,7 +170,7 @@ async def run_batch(
                         f"{input_path}: no valid line in {added.invalid} (first ones below); "
                         f"fix the file and run again:\n{first}"
                     )
-            await store.recover_running()
+            await store.recover_running(config.max_attempts)
             provider, transport = _make_provider(config)
             stats = await store.stats()
             progress = Progress(
@@ -171,11 +179,16 @@ async def run_batch(
             worker = Worker(
                 store,
                 provider,
-                concurrency=config.concurrency,
+                concurrency=config.fixed_concurrency,
+                max_concurrency=config.max_concurrency,
                 limiter=RateLimiter(rpm=config.rpm, tpm=config.tpm),
-                retry=RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_cap_s),
+                retry=RetryPolicy(
+                    config.max_attempts,
+                    config.backoff_base_s,
+                    config.backoff_cap_s,
+                    config.max_outage_s,
+                ),
                 progress=progress,
-                estimate_tokens=_estimator(config),
             )
             metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
             tick = _ticker(on_progress, metrics)

@@ -574,9 +574,26 @@ class JobStore:
 
     # -- the worker's side ---------------------------------------------------------------
 
-    async def recover_running(self) -> int:
-        """Requeue jobs left ``running`` by a process that died; returns how many."""
+    async def recover_running(
+        self, max_attempts: int | None = None, *, now: float | None = None
+    ) -> int:
+        """Requeue jobs left ``running`` by a process that died; returns how many.
+
+        A request counts an attempt as it goes out (``claim``'s ``sent``), so a job that was in
+        flight each time the process died has spent one per death. One that has spent ``max_attempts`` is dead-lettered instead of
+        requeued: a request that crashes aiq (or is in flight whenever it is killed) must not
+        loop forever.
+        """
+        now = time.time() if now is None else now
         async with self.transaction():
+            if max_attempts is not None:
+                await self._db.execute(
+                    "UPDATE jobs SET state = ?, lease_until = NULL, finished_at = ?, "
+                    "error_type = 'crashed', error_message = 'aiq stopped ' || attempts || "
+                    "' times while this request was in flight (killed or crashed); not retried "
+                    "after --max-attempts' WHERE state = ? AND attempts >= ?",
+                    (DEAD, now, RUNNING, max_attempts),
+                )
             cur = await self._db.execute(
                 "UPDATE jobs SET state = ?, lease_until = NULL WHERE state = ?", (QUEUED, RUNNING)
             )
@@ -589,16 +606,22 @@ class JobStore:
         now: float,
         lease_s: float = 600.0,
         record: Sequence[Outcome] = (),
+        sent: Sequence[int] = (),
     ) -> list[Job]:
         """Atomically move up to ``limit`` due queued jobs to running, oldest first.
+
+        ``sent``: ids of claimed jobs whose request has gone out since the last call. Each
+        counts an attempt now, before its outcome, so a process that dies with it in flight
+        has spent one (see ``recover_running``); the outcome then writes the final count.
 
         ``record``: outcomes to write first, in the same transaction. The worker's every cycle
         is then one commit and four trips to the SQLite thread, not two commits and six.
         """
         if limit <= 0:
-            await self.record(record)
+            await self.record(record, sent=sent)
             return []
         async with self.transaction():
+            await self._write_sent(sent)
             if record:
                 await self._write_outcomes(record)
             rows = await self._db.execute_fetchall(
@@ -609,14 +632,16 @@ class JobStore:
             )
         return [Job(*r) for r in rows]
 
-    async def release(self, job_ids: Sequence[int]) -> None:
-        """Return claimed jobs that were never attempted (a stop, a cancel) to the queue."""
-        if not job_ids:
+    async def release(self, jobs: Sequence[Job]) -> None:
+        """Return claimed jobs that were never sent, or abandoned in flight by a stop, to the
+        queue, with the attempts they had when claimed: neither is the job's fault."""
+        if not jobs:
             return
         async with self.transaction():
             await self._db.executemany(
-                "UPDATE jobs SET state = ?, lease_until = NULL WHERE id = ? AND state = ?",
-                [(QUEUED, i, RUNNING) for i in job_ids],
+                "UPDATE jobs SET state = ?, lease_until = NULL, attempts = ? "
+                "WHERE id = ? AND state = ?",
+                [(QUEUED, j.attempts, j.id, RUNNING) for j in jobs],
             )
 
     async def next_due_at(self) -> float | None:
@@ -626,12 +651,21 @@ class JobStore:
         )
         return due
 
-    async def record(self, outcomes: Sequence[Outcome]) -> None:
-        """Write a batch of outcomes in one transaction."""
-        if not outcomes:
+    async def record(self, outcomes: Sequence[Outcome], *, sent: Sequence[int] = ()) -> None:
+        """Write a batch of outcomes (and attempts gone out, as ``claim``) in one transaction."""
+        if not outcomes and not sent:
             return
         async with self.transaction():
-            await self._write_outcomes(outcomes)
+            await self._write_sent(sent)
+            if outcomes:
+                await self._write_outcomes(outcomes)
+
+    async def _write_sent(self, sent: Sequence[int]) -> None:
+        if sent:
+            await self._db.executemany(
+                "UPDATE jobs SET attempts = attempts + 1 WHERE id = ? AND state = ?",
+                [(i, RUNNING) for i in sent],
+            )
 
     async def _write_outcomes(self, outcomes: Sequence[Outcome]) -> None:
         """Write outcomes inside the caller's transaction."""

@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import backoff
-from .limiter import RateLimiter
+from . import backoff, tokens
+from .breaker import OUTAGE_ERRORS, CircuitBreaker
+from .limiter import RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError
 from .store import DEAD, DONE, QUEUED, Job, JobStore, Outcome
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
 _AHEAD = 8  # jobs kept claimed per sender: one in flight, the rest queued
 _IDLE_POLL_S = 1.0  # how often to look for retries coming due when all else is idle
+_AUTO_FALLBACK = 32  # senders for --concurrency auto when the provider reports no limits
+_AUTO_EVERY_S = 1.0  # how often --concurrency auto resizes
 
 
 @dataclass(slots=True)
@@ -39,6 +42,8 @@ class Progress:
     dead_now: int = 0
     retries: int = 0
     in_flight: int = 0
+    concurrency: int = 0  # senders allowed now (--concurrency auto changes it)
+    outage_s: float = 0.0  # how long the provider has been down (0: it is up)
     tokens_in: int = 0
     tokens_out: int = 0
     started_at: float = field(default_factory=time.monotonic)
@@ -64,48 +69,66 @@ class Progress:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How many failures a job may have, and how long to wait between them."""
+    """How many failures a job may have, how long to wait between them, and how long a run
+    waits for a provider that is down before it stops (exit 4, resumable)."""
 
     max_attempts: int = 5
     base_s: float = 1.0
     cap_s: float = 60.0
+    max_outage_s: float = 600.0
 
 
 class Worker:
-    """Works off a store with a provider. ``await worker.run()`` returns when done or stopped."""
+    """Works off a store with a provider. ``await worker.run()`` returns when done or stopped.
+
+    ``concurrency`` None is ``--concurrency auto``: one request goes first, to learn the
+    provider's limits from its headers; after that, enough go at once to reach the limits at
+    the latency seen (Little's law: in flight = rate x latency), up to ``max_concurrency``.
+    """
 
     def __init__(
         self,
         store: JobStore,
         provider: Provider,
         *,
-        concurrency: int,
+        concurrency: int | None,
+        max_concurrency: int = 256,
         limiter: RateLimiter | None = None,
+        breaker: CircuitBreaker | None = None,
         retry: RetryPolicy = RetryPolicy(),
         progress: Progress | None = None,
-        estimate_tokens: Callable[[Job], int] | None = None,
     ) -> None:
         self._store = store
         self._provider = provider
-        self._concurrency = concurrency
+        self._auto = concurrency is None
+        self._senders = max_concurrency if concurrency is None else concurrency
+        self._concurrency = 1 if concurrency is None else concurrency  # allowed to send now
         self._limiter = limiter or RateLimiter()
+        self._breaker = breaker or CircuitBreaker()
         self._retry = retry
-        self._estimate = estimate_tokens
         self.progress = progress or Progress()
+        self.progress.concurrency = self._concurrency
         self.fatal: ProviderError | None = None
         self._queue: asyncio.Queue[Job | None] = asyncio.Queue()
         self._pending: list[Outcome] = []  # outcomes not yet handed to the store
+        self._sent: list[int] = []  # jobs whose request went out since the last store cycle
         self._claimed: dict[int, Job] = {}  # claimed and not yet recorded
         self._wake = asyncio.Event()
         self._stop = False
         # Whether the last claim got all it asked for. If not, nothing more is due yet, and
         # waking the store task early to ask again would only cost a commit.
         self._more_due = True
+        self._gate = asyncio.Condition()  # senders over the allowed concurrency wait here
+        self._active = 0  # senders past the gate
+        self._latency_s = 0.0  # moving average of answered requests, for auto concurrency
+        self._sized_at = 0.0
 
     def stop(self) -> None:
         """Stop claiming; jobs in flight finish and are recorded (a drain)."""
         self._stop = True
         self._wake.set()
+        if self._auto:  # senders waiting for a turn must see the stop
+            asyncio.get_running_loop().create_task(self._open_gate())
 
     @property
     def stopping(self) -> bool:
@@ -114,7 +137,7 @@ class Worker:
 
     async def run(self) -> Progress:
         """Work until nothing is queued, a fatal error, or ``stop()``; then release leftovers."""
-        senders = [asyncio.create_task(self._send_loop()) for _ in range(self._concurrency)]
+        senders = [asyncio.create_task(self._send_loop()) for _ in range(self._senders)]
         try:
             await self._store_loop()
         finally:
@@ -127,7 +150,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*senders, return_exceptions=True)
             await self._flush()
-            await self._store.release(list(self._claimed))
+            await self._store.release(list(self._claimed.values()))
         return self.progress
 
     # -- the store side: one task, so transactions never interleave ----------------------
@@ -170,12 +193,16 @@ class Worker:
         covers the time the transaction takes.
         """
         batch, self._pending = self._pending, []
+        sent, self._sent = self._sent, []
         room = _AHEAD * self._concurrency - (len(self._claimed) - len(batch))
         if room < self._concurrency:  # claiming a few at a time would cost a commit each
             room = 0
-        if not batch and not room:
+        if self._breaker.is_open:
+            # The provider is down: claim nothing more, but one job for the probe.
+            room = 0 if self._claimed else 1
+        if not batch and not room and not sent:
             return False
-        jobs = await self._store.claim(room, now=time.time(), record=batch)
+        jobs = await self._store.claim(room, now=time.time(), record=batch, sent=sent)
         self._commit_progress(batch)
         if room:
             self._more_due = len(jobs) == room
@@ -185,10 +212,11 @@ class Worker:
         return True
 
     async def _flush(self) -> None:
-        if not self._pending:
+        if not self._pending and not self._sent:
             return
         batch, self._pending = self._pending, []
-        await self._store.record(batch)
+        sent, self._sent = self._sent, []
+        await self._store.record(batch, sent=sent)
         self._commit_progress(batch)
 
     def _commit_progress(self, batch: list[Outcome]) -> None:
@@ -209,35 +237,118 @@ class Worker:
     # -- the sending side ----------------------------------------------------------------
 
     async def _send_loop(self) -> None:
-        queue, limiter, estimate, progress = (
-            self._queue,
-            self._limiter,
-            self._estimate,
-            self.progress,
-        )
+        queue = self._queue
         while (job := await queue.get()) is not None:
             if self._stop:
                 continue  # claimed but never started: released back to queued by run()
-            await limiter.acquire(estimate(job) if estimate else 0)
-            if self._stop:
-                continue  # stopped while the limiter held us (a 429 pause): not sent
-            progress.in_flight += 1
+            if not self._auto:
+                await self._send(job)
+                continue
+            await self._wait_turn()
             try:
-                outcome = await self._attempt(job)
+                await self._send(job)
             finally:
-                progress.in_flight -= 1
-            # Look up _pending only now: the store task swaps in a new list while we wait.
-            self._pending.append(outcome)
-            if self._cycle_due() or (self._stop and not progress.in_flight):
-                self._wake.set()
+                self._active -= 1
+                async with self._gate:
+                    self._gate.notify()
 
-    async def _attempt(self, job: Job) -> Outcome:
+    async def _send(self, job: Job) -> None:
+        """Wait for the provider and the limiter, send, and hand the outcome to the store."""
+        if not await self._provider_up():
+            return  # stopped while waiting: released back to queued by run()
+        try:
+            ticket = await self._acquire(job)
+        except RequestTooLarge as exc:
+            self._finish(self._too_large(job, exc))
+            return
+        if self._stop:
+            self._limiter.refund(ticket)
+            return  # stopped while the limiter held us (a 429 pause): not sent
+        progress = self.progress
+        progress.in_flight += 1
+        self._sent.append(job.id)  # its attempt is counted at the next store cycle
+        try:
+            outcome = await self._attempt(job, ticket)
+        finally:
+            progress.in_flight -= 1
+        self._finish(outcome)
+
+    def _finish(self, outcome: Outcome) -> None:
+        # Look up _pending only now: the store task swaps in a new list while we wait.
+        self._pending.append(outcome)
+        if self._cycle_due() or (self._stop and not self.progress.in_flight):
+            self._wake.set()
+
+    async def _acquire(self, job: Job) -> Ticket:
+        if not self._limiter.counts_tokens:
+            return await self._limiter.acquire()
+        cost = tokens.estimate(job.body)
+        return await self._limiter.acquire(cost.prompt, cost.reserved)
+
+    async def _wait_turn(self) -> None:
+        """--concurrency auto: wait while as many senders as allowed are busy (waiting for
+        the limiter counts: a sender there has its request as good as in flight)."""
+        async with self._gate:
+            await self._gate.wait_for(lambda: self._stop or self._active < self._concurrency)
+            self._active += 1
+
+    async def _provider_up(self) -> bool:
+        """Wait while the circuit breaker is open; False if the run stops meanwhile."""
+        breaker = self._breaker
+        while (wait := breaker.admit()) > 0:
+            self.progress.outage_s = breaker.outage_s()
+            if self.progress.outage_s > self._retry.max_outage_s:
+                self._give_up_on_provider()
+            if self._stop:
+                return False
+            await asyncio.sleep(min(wait, 0.5))
+        self.progress.outage_s = breaker.outage_s()
+        return not self._stop
+
+    def _give_up_on_provider(self) -> None:
+        minutes = self._retry.max_outage_s / 60
+        self.fatal = self.fatal or ProviderError(
+            "outage",
+            f"the provider has failed every call for over {minutes:g} min (--max-outage); "
+            "no job was charged for it. Check the provider's status page",
+            fatal=True,
+        )
+        self.stop()
+
+    def _resize(self, latency_s: float) -> None:
+        """--concurrency auto: enough in flight for the limits at this latency."""
+        self._latency_s = (
+            latency_s if not self._latency_s else 0.8 * self._latency_s + 0.2 * latency_s
+        )
+        now = time.monotonic()
+        if self._concurrency > 1 and now - self._sized_at < _AUTO_EVERY_S:
+            return
+        self._sized_at = now
+        wanted = _AUTO_FALLBACK
+        if (rate := self._limiter.requests_per_s()) is not None:
+            # A quarter more than the mean needs, for latency's spread; two for the ramp.
+            wanted = math.ceil(rate * self._latency_s * 1.25) + 2
+        wanted = max(1, min(self._senders, wanted))
+        if wanted != self._concurrency:
+            self._concurrency = self.progress.concurrency = wanted
+            asyncio.get_running_loop().create_task(self._open_gate())
+
+    async def _open_gate(self) -> None:
+        async with self._gate:
+            self._gate.notify_all()
+
+    async def _attempt(self, job: Job, ticket: Ticket) -> Outcome:
         started = time.time()
         try:
             reply = await self._provider.send(job.endpoint, job.body)
         except ProviderError as err:
-            return self._failure(job, err, started)
+            return self._failure(job, err, started, ticket)
         finished = time.time()
+        self._limiter.observe(reply.limits, ticket)
+        self._limiter.settle(ticket, reply.tokens_in)
+        self._breaker.record(outage_like=False)
+        if self._auto:
+            self._resize(finished - started)
         return Outcome(
             job.id,
             DONE,
@@ -252,12 +363,26 @@ class Worker:
             latency_s=finished - started,
         )
 
-    def _failure(self, job: Job, err: ProviderError, started: float) -> Outcome:
+    def _failure(self, job: Job, err: ProviderError, started: float, ticket: Ticket) -> Outcome:
+        """Classify a failed attempt: retry later, dead-letter, or stop the run.
+
+        An attempt is counted only when the failure is the job's own: not for a rate limit
+        (the client's pace), a fatal error (the account or settings), or a provider that is
+        down (the breaker is open).
+        """
         now = time.time()
+        limiter = self._limiter
+        limiter.observe(err.limits, ticket)
+        rate_limited = err.error_type == "rate_limit"
+        if rate_limited:
+            limiter.refund(ticket)  # a 429 is not counted against the limits
+        outage_like = err.error_type in OUTAGE_ERRORS
+        self._breaker.record(outage_like)
+        own_fault = not (err.fatal or rate_limited or (outage_like and self._breaker.is_open))
         out = Outcome(
             job.id,
             QUEUED,
-            job.attempts,
+            job.attempts + 1 if own_fault else job.attempts,
             started_at=started,
             status_code=err.status_code,
             error_type=err.error_type,
@@ -269,10 +394,6 @@ class Worker:
             self.fatal = self.fatal or err
             self.stop()
             return out
-        # A rate limit is the client's pace, not the job's fault: it costs no attempt.
-        rate_limited = err.error_type == "rate_limit"
-        if not rate_limited:
-            out.attempts += 1
         wait_s = backoff.delay(
             max(1, out.attempts),
             base_s=self._retry.base_s,
@@ -282,9 +403,24 @@ class Worker:
         if err.retry_after_s is not None or rate_limited:
             # The server's pace holds for every request, not just this one: pause all senders
             # (for as long as it said, or for this job's backoff if it named no time).
-            self._limiter.pause(err.retry_after_s if err.retry_after_s is not None else wait_s)
+            limiter.pause(err.retry_after_s if err.retry_after_s is not None else wait_s)
         if not err.retryable or out.attempts >= self._retry.max_attempts:
             out.state, out.finished_at = DEAD, now
             return out
         out.next_at = now + wait_s
         return out
+
+    def _too_large(self, job: Job, exc: RequestTooLarge) -> Outcome:
+        now = time.time()
+        return Outcome(
+            job.id,
+            DEAD,
+            job.attempts,
+            started_at=now,
+            finished_at=now,
+            error_type="invalid_request",
+            error_message=(
+                f"request too large: it {exc} tokens per minute, so it can never be sent; "
+                "shorten the prompt or lower max_tokens"
+            ),
+        )

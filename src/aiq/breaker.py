@@ -1,0 +1,88 @@
+"""A circuit breaker: when the provider is down, wait for it instead of failing the queue.
+
+Closed, every call goes. When most recent calls failed the way a down provider fails (server
+errors, timeouts, refused or reset connections), it opens: one probe at a time goes, at
+growing intervals, and the first probe the provider answers (anything but such a failure)
+closes it. Jobs are not charged attempts for failures while it is open, so an outage
+dead-letters nothing; ``max_outage_s`` bounds how long a run waits for the provider.
+Time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+OUTAGE_ERRORS = frozenset({"server", "timeout", "connection"})
+
+
+class CircuitBreaker:
+    """Decides whether a call may go now; fed with the outcome of every call."""
+
+    def __init__(
+        self,
+        *,
+        window: int = 20,
+        min_calls: int = 10,
+        threshold: float = 0.8,
+        probe_base_s: float = 1.0,
+        probe_cap_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._recent: deque[bool] = deque(maxlen=window)  # True: an outage-like failure
+        self._min_calls = min_calls
+        self._threshold = threshold
+        self._probe_base_s = probe_base_s
+        self._probe_cap_s = probe_cap_s
+        self._clock = clock
+        self.opened_at: float | None = None
+        self._probes = 0  # failed probes since it opened
+        self._next_probe_at = 0.0
+        self._probing = False
+
+    @property
+    def is_open(self) -> bool:
+        return self.opened_at is not None
+
+    def outage_s(self) -> float:
+        """How long it has been open (0 when closed)."""
+        return 0.0 if self.opened_at is None else self._clock() - self.opened_at
+
+    def admit(self) -> float:
+        """0 if a call may go now (when open, it is the probe); else seconds to wait first."""
+        if self.opened_at is None:
+            return 0.0
+        if self._probing:
+            return min(1.0, self._probe_cap_s)  # look again soon: the probe may come back
+        wait = self._next_probe_at - self._clock()
+        if wait > 0:
+            return wait
+        self._probing = True
+        return 0.0
+
+    def record(self, outage_like: bool) -> None:
+        """The outcome of a call: ``outage_like`` if it failed as a down provider fails."""
+        if self.opened_at is not None:
+            if not outage_like:  # the provider answered (the probe, or a call from before)
+                self._close()
+                return
+            if not self._probing:
+                return  # a call sent before it opened failed too: the probes decide now
+            self._probing = False
+            self._probes += 1
+            delay = min(self._probe_cap_s, self._probe_base_s * 2.0 ** (self._probes - 1))
+            self._next_probe_at = self._clock() + delay
+            return
+        self._recent.append(outage_like)
+        if len(self._recent) >= self._min_calls and sum(self._recent) >= self._threshold * len(
+            self._recent
+        ):
+            self.opened_at = self._clock()
+            self._probes = 0
+            self._next_probe_at = self.opened_at + self._probe_base_s
+
+    def _close(self) -> None:
+        self.opened_at = None
+        self._probing = False
+        self._recent.clear()
