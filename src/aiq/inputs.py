@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 import sys
 import zlib
@@ -53,6 +54,12 @@ MESSAGES = "/v1/messages"  # Anthropic's; only Message Batches lines use it
 
 _BOM = b"\xef\xbb\xbf"
 _BLOCK = 1 << 20  # read size; a line longer than this is joined across reads
+# Reading a line takes about seven times its size in memory (the line, its parsed text, the
+# canonical body, the rows): 20 MB prompts are fine, but a one-line 1 GB file must not
+# take gigabytes. A request this large would be refused anyway.
+_MAX_LINE = 64 << 20
+_TOO_LONG = b"\0(too long)\0"  # what _blocks yields, by identity, for a line over _MAX_LINE
+_NON_JSON_NUMBER = re.compile(rb"-?(?:NaN|Infinity)")
 _READ_BATCH = 1_000  # lines per list when iterating line by line
 _ID_KEY = struct.Struct(">q")  # a custom_id hash as an IdSet key and as an integer
 _ENVELOPE = frozenset({"custom_id", "method", "url", "body"})
@@ -280,7 +287,7 @@ def _parse(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None = No
     try:
         obj = _loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise LineError(f"not valid JSON ({exc})") from None
+        raise LineError(_json_error(raw, exc)) from None
     if type(obj) is not dict:
         raise LineError(f"expected a JSON object, got {_kind(obj)}")
     custom_id = obj.pop("custom_id", None)
@@ -303,23 +310,56 @@ def _parse(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None = No
     return _new_tuple(Request, (line_no, custom_id, endpoint, data, key, raw, derived, id_hash))
 
 
+def _json_error(raw: bytes, exc: orjson.JSONDecodeError) -> str:
+    """Why a line is not JSON, in terms of the line (orjson's "line 1" is always 1)."""
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as bad:
+        byte, at = raw[bad.start], bad.start + 1
+        return f"not valid JSON: not UTF-8 (byte 0x{byte:02x} at byte {at}); save it as UTF-8"
+    at = len(text[: exc.pos].encode())  # orjson counts characters
+    # It stops at the N or I, or just after the minus of -Infinity.
+    if m := _NON_JSON_NUMBER.match(raw, max(at - 1, 0)) or _NON_JSON_NUMBER.match(raw, at):
+        column = exc.colno - (at - m.start())
+        return (
+            f"not valid JSON: {m[0].decode()} (column {column}) is not a JSON number; "
+            "write null or a number"
+        )
+    return f"not valid JSON: {exc.msg} at column {exc.colno}"
+
+
 def parse_line(raw: bytes, line_no: int, defaults: Defaults) -> Request:
     """Validate one stripped, non-blank line; raises LineError saying what is wrong."""
     return _parse(raw, line_no, defaults)
 
 
 def _blocks(f: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
-    """Blocks of whole lines from ``f``, then any unterminated last line (flag False)."""
-    rest = b""
+    """Blocks of whole lines from ``f``, then any unterminated last line (flag False).
+
+    A line longer than _MAX_LINE comes as ``_TOO_LONG`` instead, and the rest of it is
+    skipped unread.
+    """
+    parts: list[bytes] = []  # the line that runs past the last block, so far
+    size = 0
+    skipping = False
     while chunk := f.read(_BLOCK):
+        if skipping:
+            end = chunk.find(b"\n") + 1
+            if not end:
+                continue
+            chunk, skipping = chunk[end:], False
         cut = chunk.rfind(b"\n") + 1
-        if not cut:
-            rest += chunk
-            continue
-        yield rest + chunk[:cut], True
-        rest = chunk[cut:]
-    if rest:
-        yield rest, False
+        if cut:
+            yield b"".join([*parts, chunk[:cut]]), True
+            parts, size, chunk = [], 0, chunk[cut:]
+        if chunk:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > _MAX_LINE:
+                yield _TOO_LONG, True
+                parts, size, skipping = [], 0, True
+    if parts:
+        yield b"".join(parts), False
 
 
 class IdSet:
@@ -460,7 +500,13 @@ class RequestFile:
             growing: Request | None = None  # an unterminated last line: it may still grow
             name, defaults, bad, valid = self.name, self.defaults, p.bad, p.valid
             out: list[Request | BadLine] = []
+            resumable = True  # False once _blocks skipped a line
             for block, whole in _blocks(f):
+                if block is _TOO_LONG:
+                    p.lines += 1
+                    out.append(BadLine(name, p.lines, _too_long()))
+                    resumable = False
+                    continue
                 text = block[3:] if p.size == 0 and block.startswith(_BOM) else block
                 lines = text.split(b"\n")
                 if whole:
@@ -474,7 +520,7 @@ class RequestFile:
                     try:
                         req = _parse(raw, line_no, defaults, seen)
                     except LineError as exc:
-                        out.append(BadLine(name, line_no, str(exc)))
+                        out.append(BadLine(name, line_no, _reason(exc, whole)))
                         if whole:
                             bad.append((line_no, str(exc)))
                     else:
@@ -497,7 +543,21 @@ class RequestFile:
             p.valid = valid
             p.sha256 = hasher.digest()
             p.ids = seen.to_bytes()
-            self.prefix = p
+            # A skipped line's bytes were neither hashed nor counted: the next read reads all.
+            self.prefix = p if resumable else None
+
+
+def _reason(exc: LineError, whole: bool) -> str:
+    if not whole and str(exc).startswith("not valid JSON"):
+        return f"{exc} (the last line, with no newline: cut short?)"
+    return str(exc)
+
+
+def _too_long() -> str:
+    return (
+        f"longer than {_MAX_LINE >> 20} MiB: not read (too large for one request; is this a "
+        "JSONL file, one request per line?)"
+    )
 
 
 def read_requests(path: str | os.PathLike[str], defaults: Defaults) -> RequestFile:
