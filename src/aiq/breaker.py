@@ -71,8 +71,10 @@ class CircuitBreaker:
                 return  # a call sent before it opened failed too: the probes decide now
             self._probing = False
             self._probes += 1
-            delay = min(self._probe_cap_s, self._probe_base_s * 2.0 ** (self._probes - 1))
-            self._next_probe_at = self._clock() + delay
+            # Waits of base, 2 base, 4 base … from the opening on; the exponent is bounded
+            # because 2.0 ** 1024 overflows, which a long enough outage would reach.
+            delay = self._probe_base_s * 2.0 ** min(self._probes, 64)
+            self._next_probe_at = self._clock() + min(self._probe_cap_s, delay)
             return
         self._recent.append(outage_like)
         if len(self._recent) >= self._min_calls and sum(self._recent) >= self._threshold * len(
