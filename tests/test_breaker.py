@@ -1,0 +1,344 @@
+"""The circuit breaker, driven by a fake clock: no test here sleeps.
+
+Its promises: scattered failures never open it; most recent calls failing as a down provider
+fails do (and not before ``min_calls``); while open, one probe at a time at growing intervals;
+the first answer from the provider closes it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from aiq.breaker import CircuitBreaker
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def breaker(clock: FakeClock, **kw: float) -> CircuitBreaker:
+    return CircuitBreaker(clock=clock, **kw)  # type: ignore[arg-type]
+
+
+def opened(clock: FakeClock, **kw: float) -> CircuitBreaker:
+    """A breaker (window 20, min_calls 10) opened by ten outage-like failures."""
+    b = breaker(clock, **kw)
+    for _ in range(10):
+        b.record(outage_like=True)
+    assert b.is_open
+    return b
+
+
+def next_probe(b: CircuitBreaker, clock: FakeClock) -> float:
+    """Move the clock to the moment ``admit()`` lets the next probe out; return the wait."""
+    waited = 0.0
+    while (wait := b.admit()) > 0:
+        clock.now += wait
+        waited += wait
+    return waited
+
+
+# -- closed ----------------------------------------------------------------------------------
+
+
+def test_scattered_failures_never_open_it() -> None:
+    clock = FakeClock()
+    b = breaker(clock)
+    rng = random.Random(3)
+    failures = 0
+    for _ in range(5000):
+        assert b.admit() == 0.0
+        failed = rng.random() < 0.08
+        failures += failed
+        b.record(outage_like=failed)
+        clock.now += 0.01
+    assert 300 < failures < 500  # the 8% really happened
+    assert not b.is_open
+    assert b.outage_s() == 0.0
+
+
+def test_failures_that_are_not_outage_like_never_open_it() -> None:
+    # A 400 or a 429 is the provider answering: the worker records those as not outage-like.
+    b = breaker(FakeClock())
+    for _ in range(100):
+        b.record(outage_like=False)
+    assert not b.is_open
+
+
+def test_opens_when_most_recent_calls_fail_but_not_before_min_calls() -> None:
+    b = breaker(FakeClock())
+    for _ in range(9):
+        b.record(outage_like=True)
+    assert not b.is_open  # 9 of 9 failed, but 10 calls are needed to judge
+    b.record(outage_like=True)
+    assert b.is_open
+
+
+def test_opens_at_the_threshold_share_of_the_window() -> None:
+    b = breaker(FakeClock())  # window 20, threshold 0.8: 16 of the last 20
+    for _ in range(5):
+        b.record(outage_like=False)
+    for _ in range(15):
+        b.record(outage_like=True)
+    assert not b.is_open  # 15 of 20
+    b.record(outage_like=True)  # the oldest success leaves the window: 16 of 20
+    assert b.is_open
+
+
+def test_most_but_not_enough_fail_keeps_it_closed() -> None:
+    b = breaker(FakeClock())
+    for i in range(1000):  # 3 of every 4 fail: most, but under the 0.8 threshold
+        b.record(outage_like=i % 4 != 0)
+    assert not b.is_open
+
+
+# -- open ------------------------------------------------------------------------------------
+
+
+def test_open_admits_the_first_probe_after_the_base_interval() -> None:
+    clock = FakeClock()
+    b = opened(clock)
+    assert b.admit() == pytest.approx(1.0)
+    clock.now += 0.4
+    assert b.admit() == pytest.approx(0.6)
+    clock.now += 0.6
+    assert b.admit() == 0.0  # the probe
+    assert b.admit() > 0  # and nothing else while it is out
+
+
+def test_exactly_one_probe_at_a_time_however_long_it_takes() -> None:
+    clock = FakeClock()
+    b = opened(clock)
+    next_probe(b, clock)
+    for _ in range(100):  # a probe hanging for 100 s: nobody else goes
+        clock.now += 1.0
+        assert b.admit() > 0
+    assert b.admit() <= 1.0  # callers look again soon, to catch the probe's answer
+
+
+def test_probes_go_at_growing_intervals_up_to_the_cap() -> None:
+    clock = FakeClock()
+    b = opened(clock, probe_base_s=1.0, probe_cap_s=30.0)
+    waits = []
+    for _ in range(8):
+        waits.append(next_probe(b, clock))
+        assert b.admit() > 0  # one at a time
+        clock.now += 0.25  # the probe's latency, before it fails
+        b.record(outage_like=True)
+        assert b.is_open
+    # Each wait from the last probe's answer (the first from the opening).
+    assert waits == pytest.approx([1, 2, 4, 8, 16, 30, 30, 30])
+
+
+def test_a_long_outage_keeps_probing_at_the_cap() -> None:
+    # Regression: the interval was 2.0 ** failed_probes, which overflows after 1,024 of them
+    # (8.5 h at a 30 s cap, within reach of a large --max-outage).
+    clock = FakeClock()
+    b = opened(clock, probe_cap_s=30.0)
+    for _ in range(1100):
+        next_probe(b, clock)
+        b.record(outage_like=True)
+    assert next_probe(b, clock) == pytest.approx(30.0)
+
+
+def test_an_answered_probe_closes_it() -> None:
+    clock = FakeClock()
+    b = opened(clock)
+    next_probe(b, clock)
+    b.record(outage_like=False)
+    assert not b.is_open
+    assert b.admit() == 0.0 and b.admit() == 0.0  # everyone goes again
+    assert b.outage_s() == 0.0
+
+
+def test_closing_forgets_the_failures_before_it() -> None:
+    b = opened(FakeClock())
+    b.record(outage_like=False)
+    for _ in range(9):
+        b.record(outage_like=True)
+    assert not b.is_open  # min_calls counts from the close again
+
+
+def test_a_success_from_a_call_sent_before_it_opened_closes_it() -> None:
+    clock = FakeClock()
+    b = opened(clock)
+    clock.now += 0.3
+    assert b.admit() > 0  # no probe yet
+    b.record(outage_like=False)  # a call that was in flight when it opened came back 200
+    assert not b.is_open
+    assert b.admit() == 0.0
+
+
+def test_failures_of_calls_sent_before_it_opened_change_nothing() -> None:
+    clock = FakeClock()
+    b = opened(clock)
+    for _ in range(30):
+        b.record(outage_like=True)
+    assert b.admit() == pytest.approx(1.0)  # the first probe is still due a second after opening
+
+
+def test_outage_s_grows_while_open() -> None:
+    clock = FakeClock()
+    b = breaker(clock)
+    assert b.outage_s() == 0.0
+    for _ in range(10):
+        b.record(outage_like=True)
+    clock.now += 2.5
+    assert b.outage_s() == pytest.approx(2.5)
+    clock.now += 40.0
+    assert b.outage_s() == pytest.approx(42.5)
+    next_probe(b, clock)
+    b.record(outage_like=False)
+    assert b.outage_s() == 0.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="record() cannot tell the probe's failure from a failure of a call sent before the "
+    "breaker opened: that one ends the probe, and admit() lets a second probe out while the "
+    "first is still in flight (the worker records every call it sent)",
+)
+def test_a_stale_failure_during_a_probe_does_not_let_a_second_probe_out() -> None:
+    clock = FakeClock()
+    b = opened(clock)  # calls sent before it opened are still in flight (a hanging provider)
+    next_probe(b, clock)  # the probe hangs too
+    clock.now += 5.0
+    b.record(outage_like=True)  # one of the earlier calls times out
+    clock.now += 5.0
+    assert b.admit() > 0  # the probe is still out
+
+
+# -- properties --------------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    probe: bool  # let out by admit() while open: that opening's probe
+
+
+Action = tuple[str, float, int, bool]  # (kind, clock step, which call, outage-like)
+
+
+_KINDS = ("call", "call", "finish", "finish", "tick")
+
+
+@st.composite
+def actions(draw: st.DrawFn) -> list[Action]:
+    # A per-example failure rate, so some sequences open the breaker and some stay near the line.
+    fail_per_20 = draw(st.integers(0, 20))
+    # One integer per action, decoded below: a tuple of four draws made this test ~4x slower.
+    codes = draw(st.lists(st.integers(0, 2**24 - 1), min_size=40, max_size=150))
+    return [
+        (
+            _KINDS[code % 5],
+            (code >> 3) % 101 / 10,  # 0 to 10 s in steps of 0.1
+            (code >> 10) % 64,
+            (code >> 16) % 20 < fail_per_20,
+        )
+        for code in codes
+    ]
+
+
+def simulate(
+    steps: list[Action],
+    *,
+    window: int,
+    min_calls: int,
+    threshold: float,
+    stale_failures_during_probes: bool,
+) -> None:
+    """Drive a breaker as the worker does (admit before each call, record every call's outcome)
+    and check its promises after every step against a model of the last ``window`` outcomes."""
+    clock = FakeClock()
+    b = CircuitBreaker(
+        window=window,
+        min_calls=min_calls,
+        threshold=threshold,
+        probe_base_s=1.0,
+        probe_cap_s=8.0,
+        clock=clock,
+    )
+    recent: list[bool] = []  # the outcomes recorded while closed, since it last closed
+    in_flight: list[Call] = []
+    for kind, step, which, outage_like in steps:
+        if kind == "tick":
+            clock.now += step
+        elif kind == "call":
+            if b.admit() > 0:
+                assert b.is_open  # closed, every call goes
+                continue
+            probe = b.is_open
+            if probe:
+                assert not any(c.probe for c in in_flight), "two probes out at once"
+            in_flight.append(Call(probe))
+        elif in_flight:
+            call = in_flight[which % len(in_flight)]
+            probe_out = any(c.probe for c in in_flight)
+            if not stale_failures_during_probes and outage_like and probe_out and not call.probe:
+                continue  # this model lets only the probe fail while it is out
+            in_flight.remove(call)
+            was_open = b.is_open
+            b.record(outage_like)
+            if not was_open:
+                recent = [*recent, outage_like][-window:]
+                should_open = len(recent) >= min_calls and sum(recent) >= threshold * len(recent)
+                assert b.is_open == should_open
+            elif not outage_like:
+                assert not b.is_open  # the provider answered
+            else:
+                assert b.is_open
+            if not b.is_open:
+                if was_open:
+                    recent = []
+                for c in in_flight:  # probes of an opening that is over are ordinary calls
+                    c.probe = False
+        assert b.outage_s() >= 0.0
+        assert b.is_open or b.outage_s() == 0.0
+
+
+breaker_settings = {
+    "window": st.integers(1, 12),
+    "min_calls": st.integers(1, 12),
+    "threshold": st.sampled_from([0.5, 0.8, 0.9, 1.0]),
+}
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=actions(), **breaker_settings)
+def test_opens_exactly_when_the_window_holds_the_threshold_and_probes_one_at_a_time(
+    steps: list[Action], window: int, min_calls: int, threshold: float
+) -> None:
+    simulate(
+        steps,
+        window=window,
+        min_calls=min(min_calls, window),
+        threshold=threshold,
+        stale_failures_during_probes=False,
+    )
+
+
+@pytest.mark.xfail(
+    strict=True, reason="as test_a_stale_failure_during_a_probe_does_not_let_a_second_probe_out"
+)
+# No shrinking: while the bug stands, a minimal example costs a minute and says nothing new.
+@settings(max_examples=300, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(steps=actions(), **breaker_settings)
+def test_one_probe_at_a_time_even_when_earlier_calls_fail_meanwhile(
+    steps: list[Action], window: int, min_calls: int, threshold: float
+) -> None:
+    simulate(
+        steps,
+        window=window,
+        min_calls=min(min_calls, window),
+        threshold=threshold,
+        stale_failures_during_probes=True,
+    )
