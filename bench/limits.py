@@ -140,7 +140,9 @@ def run_once(scenario: Scenario, workdir: Path) -> Run:
     prompts = workdir / "prompts.jsonl"
     write_prompts(prompts, scenario)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIQ_", "OPENAI_"))}
-    env.update({"OPENAI_API_KEY": API_KEY, "NO_COLOR": "1"})
+    # The aiq of this checkout, not whatever is installed: run from a clean worktree
+    # (`git worktree add`) to measure a commit while others edit the main tree.
+    env.update({"OPENAI_API_KEY": API_KEY, "NO_COLOR": "1", "PYTHONPATH": str(ROOT / "src")})
     server = FakeServer(
         rpm=scenario.rpm,
         tpm=scenario.tpm,
@@ -214,6 +216,14 @@ def verdict(results: dict[str, list[Run]]) -> str:
     return "\n".join(lines)
 
 
+def checkout() -> str:
+    """The commit of ROOT, and whether src/ differs from it (then the figures are not its)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", "src"]).returncode != 0
+    return f"{head.stdout.strip() or '?'}{' with uncommitted changes in src/' if dirty else ''}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated")
@@ -223,7 +233,10 @@ def main() -> None:
     chosen = args.scenarios.split(",")
     for name in chosen:
         SCENARIOS[name] = replace(SCENARIOS[name], jobs=round(SCENARIOS[name].jobs * args.scale))
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.repeat} repetitions")
+    print(
+        f"aiq at {checkout()}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+        f"{args.repeat} repetitions, load average {os.getloadavg()}"
+    )
     for name in chosen:
         print(f"  {name}: {SCENARIOS[name].description}")
     results: dict[str, list[Run]] = {name: [] for name in chosen}
@@ -239,7 +252,7 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-    print()
+    print(f"\nload average after: {os.getloadavg()}")
     print(table(results))
     print()
     print(verdict(results))
