@@ -55,6 +55,20 @@ def error_body(status: int, message: str | None = None) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message or default}}
 
 
+def models_page() -> dict:
+    """``GET /v1/models``: the models this fake serves, as one page of Anthropic's list."""
+    models = [MODEL, "claude-haiku-4-5"]
+    return {
+        "data": [
+            {"type": "model", "id": m, "display_name": m, "created_at": "2025-09-29T00:00:00Z"}
+            for m in models
+        ],
+        "has_more": False,
+        "first_id": models[0],
+        "last_id": models[-1],
+    }
+
+
 def refusal(headers: Mapping[str, str], require_key: str | None) -> int | None:
     """401 when ``require_key`` is set and ``x-api-key`` is not it; else None."""
     if require_key is not None and headers.get("x-api-key") != require_key:

@@ -937,8 +937,14 @@ class FakeServer:
 
     async def _handle_models(self, request: web.Request) -> web.Response:
         ex = _Exchange(request, b"", None, "", time.monotonic())
+        ex.anthropic = anthropic.VERSION_HEADER in request.headers  # Anthropic's list
         if (until := self.outage_until) is not None and ex.received < until:
             return self._outage(ex)
+        if ex.anthropic:
+            status = anthropic.refusal(request.headers, self.require_key) or self.status_for_all
+            payload = anthropic.error_body(status) if status else anthropic.models_page()
+            self._note(ex, status or 200)
+            return web.json_response(payload, status=status or 200)
         status = self._refusal(request)
         if status is not None:
             payload: dict = error_body(status)

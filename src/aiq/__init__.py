@@ -7,6 +7,7 @@ The CLI is a thin layer over this library::
 """
 
 from .config import Config
+from .costs import CostMeter
 from .errors import (
     AiqError,
     FatalProviderError,
@@ -17,36 +18,48 @@ from .errors import (
     StoreLocked,
     UsageError,
 )
+from .forecast import Forecast
 from .inputs import BadLine, Defaults, Request, read_requests
 from .outputs import Export, export_source
+from .preflight import CheckReport, Finding, run_checks
+from .pricing import DEFAULT_PRICES, PRICES_AS_OF, Price
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
 from .runner import (
     RunSummary,
     add_file,
     export_outputs,
+    forecast_file,
     replay_dead,
     run_batch,
     store_status,
 )
-from .store import EnqueueCounts, JobStore, Stats
+from .store import EnqueueCounts, JobStore, ModelUsage, Stats
 from .worker import Progress, RetryPolicy, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_PRICES",
+    "PRICES_AS_OF",
     "AiqError",
     "AnthropicProvider",
     "BadLine",
+    "CheckReport",
     "Config",
+    "CostMeter",
     "Defaults",
     "EnqueueCounts",
     "Export",
     "FatalProviderError",
+    "Finding",
+    "Forecast",
     "InputError",
     "Interrupted",
     "JobStore",
     "LimitReached",
+    "ModelUsage",
     "OpenAIProvider",
+    "Price",
     "Progress",
     "ProviderError",
     "Reply",
@@ -62,8 +75,10 @@ __all__ = [
     "add_file",
     "export_outputs",
     "export_source",
+    "forecast_file",
     "read_requests",
     "replay_dead",
     "run_batch",
+    "run_checks",
     "store_status",
 ]

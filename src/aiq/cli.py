@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from . import runner
+from . import preflight, report, runner
 from .config import Config
 from .errors import AiqError
 from .progress import LiveProgress, PlainProgress, fmt_duration
@@ -88,6 +88,18 @@ MetricsOpt = Annotated[
 ]
 LogFileOpt = Annotated[
     Path | None, typer.Option("--log-file", help="Append timestamped progress and summary here.")
+]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run", help="Validate and forecast requests, tokens, cost and ETA; send nothing."
+    ),
+]
+MaxCostOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-cost", help="Stop claiming before the store's spend would pass USD; exit 5."
+    ),
 ]
 WaitOpt = Annotated[
     float, typer.Option("--wait", help="Wait up to SECONDS for another run to release the store.")
@@ -221,6 +233,7 @@ def _summary_json(s: runner.RunSummary) -> dict[str, Any]:
         "retries": p.retries,
         "tokens_in": p.tokens_in,
         "tokens_out": p.tokens_out,
+        "cost_usd": p.cost_usd,
         "status": s.stats.as_dict(),
         "outputs": [
             {"input": e.source, "results": e.results_path, "dead": e.dead_path,
@@ -244,7 +257,7 @@ def _summary_lines(s: runner.RunSummary) -> list[str]:
     lines.append(
         f"finished {p.done_now} and dead-lettered {p.dead_now} in "
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {p.retries} retries, "
-        f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out"
+        f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, cost {report.usd(p.cost_usd)}"
     )
     lines.append(
         f"store: {c['done']} done, {c['dead']} dead, {c['queued']} queued, "
@@ -257,6 +270,11 @@ def _summary_lines(s: runner.RunSummary) -> list[str]:
         lines.append("interrupted: run `aiq resume` to carry on where this stopped")
     elif s.stopped == "limit":
         lines.append("stopped at --max-runtime: run `aiq resume` to carry on")
+    elif s.stopped == "budget":
+        lines.append(
+            f"stopped at --max-cost: the store has spent {report.usd(s.stats.cost_usd)} in all; "
+            "raise the cap and `aiq resume --max-cost USD` to carry on"
+        )
     elif s.stopped is None and c["dead"]:
         lines.append("some jobs are dead: fix the cause, then `aiq replay-dead` and `aiq resume`")
     return lines
@@ -286,6 +304,8 @@ def run(
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
+    dry_run: DryRunOpt = False,
+    max_cost: MaxCostOpt = None,
     traceback: TracebackOpt = False,
 ) -> None:
     """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
@@ -296,10 +316,26 @@ def run(
             concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
             timeout_s=timeout, order=order, strict=strict or None,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
+            max_cost_usd=max_cost,
         )  # fmt: skip
+        if dry_run:
+            _dry_run(file, cfg, as_json)
         _run(file, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
 
     _guard(traceback, body)
+
+
+def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
+    forecast = asyncio.run(runner.forecast_file(cfg, file))
+    for bad in forecast.bad_lines[:50]:
+        print(f"invalid: {bad}", file=sys.stderr)
+    if forecast.invalid > 50:
+        print(f"invalid: … and {forecast.invalid - 50} more", file=sys.stderr)
+    if as_json:
+        print(json.dumps(forecast.as_dict()))
+    else:
+        print("\n".join(report.forecast_lines(forecast)))
+    raise typer.Exit(0)
 
 
 @app.command()
@@ -323,6 +359,7 @@ def resume(
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
+    max_cost: MaxCostOpt = None,
     traceback: TracebackOpt = False,
 ) -> None:
     """Carry on with what is queued or was running when a run stopped; export outputs."""
@@ -332,6 +369,7 @@ def resume(
             db, config, provider=provider, base_url=base_url, concurrency=concurrency,
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
+            max_cost_usd=max_cost,
         )  # fmt: skip
         _run(None, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
 
@@ -365,9 +403,36 @@ def _print_status(s: Stats) -> None:
         f"rate {s.rate_per_s:.2f}/s over the last minute · eta {fmt_duration(s.eta_s)}"
         f" · oldest queued {fmt_duration(s.oldest_queued_s) if s.oldest_queued_s else '-'}"
     )
-    print(f"tokens {s.tokens_in:,} in / {s.tokens_out:,} out")
+    print("\n".join(report.cost_lines(s)))
     if s.top_errors:
         print("errors: " + ", ".join(f"{t} {n}" for t, n in s.top_errors))
+
+
+@app.command()
+def check(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    provider: ProviderOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    as_json: JsonOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Check config, API key, endpoint, model, prices and store; one line each, with fixes."""
+
+    def body() -> None:
+        def resolve() -> Config:
+            return _config(db, config, provider=provider, base_url=base_url, model=model)
+
+        result = asyncio.run(preflight.run_checks(resolve))
+        if as_json:
+            print(json.dumps({"exit_code": result.exit_code,
+                              "findings": [f.as_dict() for f in result.findings]}))  # fmt: skip
+        else:
+            print("\n".join(map(str, result.findings)))
+        raise typer.Exit(result.exit_code)
+
+    _guard(traceback, body)
 
 
 @app.command("replay-dead")

@@ -18,6 +18,7 @@ import yaml
 
 from .errors import UsageError
 from .inputs import Defaults
+from .pricing import Price, parse_prices, price_table
 
 PROVIDERS = ("openai", "anthropic", "simulated")
 DEFAULT_DB = Path(".aiq") / "aiq.db"
@@ -59,6 +60,9 @@ class Config:
     grace_s: float = 30.0
     max_outage_s: float = 600.0  # how long to wait for a provider that is down; then exit 4
     max_runtime_s: float | None = None  # stop claiming after this long; exit 5, resumable
+    max_cost_usd: float | None = None  # stop claiming before spending more; exit 5, resumable
+    # USD per 1M tokens by model, over pricing.DEFAULT_PRICES ({model: {input:, output:}}).
+    prices: Mapping[str, Price] = field(default_factory=dict)
     metrics_file: str | None = None  # Prometheus textfile, rewritten during and after a run
     order: str = "done"
     strict: bool = False
@@ -91,6 +95,15 @@ class Config:
             raise UsageError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.max_runtime_s is not None and self.max_runtime_s <= 0:
             raise UsageError(f"max_runtime must be positive, got {self.max_runtime_s}")
+        if self.max_cost_usd is not None and self.max_cost_usd <= 0:
+            raise UsageError(f"max_cost must be positive, got {self.max_cost_usd}")
+        if not isinstance(self.prices, Mapping) or not all(
+            isinstance(p, Price) for p in self.prices.values()
+        ):
+            try:
+                object.__setattr__(self, "prices", parse_prices(self.prices))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise UsageError("timeouts must be positive")
         if self.order not in ("done", "input"):
@@ -110,6 +123,11 @@ class Config:
     def defaults(self) -> Defaults:
         """Body defaults applied to input lines that leave them out."""
         return Defaults(self.model, self.max_tokens, self.temperature, self.system)
+
+    @property
+    def price_table(self) -> dict[str, Price]:
+        """The default prices with the config's over them."""
+        return price_table(self.prices)
 
     @classmethod
     def resolve(
@@ -162,6 +180,7 @@ _ALIASES = {
     "grace": "grace_s",
     "max_runtime": "max_runtime_s",
     "max_outage": "max_outage_s",
+    "max_cost": "max_cost_usd",
 }
 
 
@@ -181,11 +200,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of settings at the top level")
     out: dict[str, Any] = {}
+    unknown: list[str] = []  # every one at once: fixing them one run at a time is tedious
     for key, value in data.items():
         name = _ALIASES.get(key, key)
         if name not in _FILE_KEYS:
             close = difflib.get_close_matches(str(key), [*_FILE_KEYS, *_ALIASES], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(f"{path}: unknown setting {key!r}{hint}")
-        out[name] = value
+            unknown.append(f"{path}: unknown setting {key!r}{hint}")
+        else:
+            out[name] = value
+    if unknown:
+        raise UsageError("\n".join(unknown))
     return out

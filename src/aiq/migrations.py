@@ -86,4 +86,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        # Cost accounting. The model is written with the outcome, from the body that was sent,
+        # not at enqueue: `add` stays as fast as it was, and status groups by a plain column
+        # instead of parsing every body. cost_usd is priced when the reply comes in (NULL:
+        # the model had no price then), so a later price change does not rewrite history.
+        "0002_cost",
+        """
+        ALTER TABLE jobs ADD COLUMN model TEXT;
+        ALTER TABLE jobs ADD COLUMN cost_usd REAL;
+        -- Jobs done before this migration: their model, at least, from the body they sent.
+        UPDATE jobs SET model = json_extract(CAST(body AS TEXT), '$.model') WHERE state = 2;
+        """,
+    ),
 ]

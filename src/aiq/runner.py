@@ -16,13 +16,24 @@ from pathlib import Path
 
 import httpx
 
+from .breaker import CircuitBreaker
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
-from .errors import FatalProviderError, InputError, Interrupted, LimitReached, UsageError
+from .costs import CostMeter
+from .errors import (
+    FatalProviderError,
+    InputError,
+    Interrupted,
+    LimitReached,
+    StoreError,
+    UsageError,
+)
+from .forecast import Forecast, Forecaster
 from .inputs import read_requests
 from .limiter import RateLimiter
 from .lock import StoreLock
 from .metrics import MetricsWriter
 from .outputs import Export, export_source
+from .pricing import price_for
 from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
 from .providers.openai import OpenAIProvider
@@ -42,7 +53,9 @@ class RunSummary:
     progress: Progress
     stats: Stats
     exports: list[Export] = field(default_factory=list)
-    stopped: str | None = None  # None (ran to the end), "interrupted", "limit", "fatal"
+    # None (ran to the end), "interrupted", "limit" (--max-runtime), "budget" (--max-cost),
+    # "fatal"
+    stopped: str | None = None
     duration_s: float = 0.0
 
     @property
@@ -50,7 +63,7 @@ class RunSummary:
         """0 all done, 1 some dead, 4 fatal, 5 a user limit, 130 interrupted (DESIGN.md)."""
         if self.stopped == "fatal":
             return FatalProviderError.exit_code
-        if self.stopped == "limit":
+        if self.stopped in ("limit", "budget"):
             return LimitReached.exit_code
         if self.stopped == "interrupted":
             return Interrupted.exit_code
@@ -92,6 +105,12 @@ async def _enqueue(
         str(resolved), out_path=out or default_out, dead_path=dead or default_dead
     )
     counts = await store.enqueue(source, read_requests(resolved, config.defaults))
+    if counts.invalid and not counts.valid:
+        first = "\n".join(f"  {b}" for b in counts.bad_lines[:5])
+        raise InputError(
+            f"{path}: no valid line in {counts.invalid} (first ones below); is it a JSONL file "
+            f"of requests, one JSON object per line? Fix it and run again:\n{first}"
+        )
     return source, counts
 
 
@@ -164,12 +183,6 @@ async def run_batch(
             added = None
             if input_path is not None:
                 _source, added = await _enqueue(store, config, input_path, out, dead)
-                if added.invalid and not added.valid:
-                    first = "\n".join(f"  {b}" for b in added.bad_lines[:5])
-                    raise InputError(
-                        f"{input_path}: no valid line in {added.invalid} (first ones below); "
-                        f"fix the file and run again:\n{first}"
-                    )
             await store.recover_running(config.max_attempts)
             provider, transport = _make_provider(config)
             stats = await store.stats()
@@ -182,6 +195,9 @@ async def run_batch(
                 concurrency=config.fixed_concurrency,
                 max_concurrency=config.max_concurrency,
                 limiter=RateLimiter(rpm=config.rpm, tpm=config.tpm),
+                # Probing a down provider every 10 s at most: one request, and a run resumes
+                # within 10 s of the provider coming back.
+                breaker=CircuitBreaker(probe_cap_s=10.0),
                 retry=RetryPolicy(
                     config.max_attempts,
                     config.backoff_base_s,
@@ -189,6 +205,7 @@ async def run_batch(
                     config.max_outage_s,
                 ),
                 progress=progress,
+                costs=await _cost_meter(store, config, stats),
             )
             metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
             tick = _ticker(on_progress, metrics)
@@ -200,6 +217,8 @@ async def run_batch(
             summary = RunSummary(added, progress, await store.stats(), exports, stopped)
             if worker.fatal is not None:
                 summary.stopped = "fatal"
+            elif worker.costs.reached:
+                summary.stopped = "budget"
             if metrics is not None:
                 metrics.finish(progress, summary.stats, summary.exit_code)
     summary.duration_s = time.monotonic() - started
@@ -211,6 +230,22 @@ async def run_batch(
         raise_fatal.summary = summary  # type: ignore[attr-defined]
         raise raise_fatal
     return summary
+
+
+async def _cost_meter(store: JobStore, config: Config, stats: Stats) -> CostMeter:
+    """The run's CostMeter; with --max-cost, every model it will send to must have a price."""
+    prices = config.price_table
+    if config.max_cost_usd is not None:
+        unpriced = sorted(
+            str(m) for m in await store.waiting_models() if price_for(m, prices) is None
+        )
+        if unpriced:
+            raise UsageError(
+                f"--max-cost needs the price of every model queued; none for {', '.join(unpriced)}:"
+                " add them to the config as prices: {MODEL: {input: USD, output: USD}} "
+                "(per 1M tokens)"
+            )
+    return CostMeter(prices, cap_usd=config.max_cost_usd, spent_usd=stats.cost_usd or 0.0)
 
 
 def _ticker(
@@ -317,3 +352,37 @@ async def replay_dead(
     """``aiq replay-dead``: dead jobs back to queued, attempts reset; returns how many."""
     async with open_store(config) as store:
         return await store.replay_dead(error_type=error_type, custom_ids=custom_ids)
+
+
+async def forecast_file(config: Config, path: Path) -> Forecast:
+    """``aiq run FILE --dry-run``: validate and count FILE, send nothing, change nothing.
+
+    Requests the store has already done are not counted (a run would not send them); the
+    store is opened read-only, and only if it exists.
+    """
+    forecast = Forecast(str(path), config.rpm, config.tpm)
+    default_output = 0
+    if config.provider == "anthropic":  # it requires max_tokens; aiq sends the default
+        default_output = config.max_tokens or DEFAULT_MAX_TOKENS
+    counter = Forecaster(forecast, config.price_table, default_output=default_output)
+    async with contextlib.AsyncExitStack() as stack:
+        store: JobStore | None = None
+        if config.db.exists():
+            try:
+                store = await stack.enter_async_context(open_store(config, readonly=True))
+            except StoreError as exc:
+                forecast.store_note = f"the store was not consulted: {exc}"
+        for batch in read_requests(path, config.defaults).batches(10_000):
+            fresh = counter.add(batch)
+            if store is not None and fresh:
+                done = await store.done_among([k for k, _ in fresh])
+                forecast.done_before += len(done)
+                fresh = [(k, r) for k, r in fresh if k not in done]
+            counter.count(r for _, r in fresh)
+    if forecast.invalid and not forecast.valid:
+        first = "\n".join(f"  {b}" for b in forecast.bad_lines[:5])
+        raise InputError(
+            f"{path}: no valid line in {forecast.invalid} (first ones below); "
+            f"fix the file and run again:\n{first}"
+        )
+    return forecast

@@ -61,6 +61,10 @@ _PARSE_AHEAD = 2
 _BULK_CHECKPOINT_PAGES = 40_000
 
 
+class StoreOutdated(StoreError):
+    """A read-only open found migrations to apply: any writing command applies them."""
+
+
 def k64(key: bytes) -> int:
     """The job's short unique id: the first 8 bytes of its key as a signed 64-bit integer."""
     return int(_K64.unpack_from(key)[0])
@@ -108,6 +112,8 @@ class Outcome:
     tokens_in: int | None = None
     tokens_out: int | None = None
     latency_s: float | None = None
+    model: str | None = None  # as the body named it; for cost per model
+    cost_usd: float | None = None  # None: the model has no price
 
 
 @dataclass(slots=True)
@@ -124,6 +130,28 @@ class EnqueueCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelUsage:
+    """Done jobs of one model (None: bodies naming none), their tokens and what they cost."""
+
+    model: str | None
+    done: int
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float | None  # of the priced jobs; None when none was priced
+    unpriced: int  # done jobs whose cost is unknown (no price for the model when done)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "done": self.done,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "cost_usd": self.cost_usd,
+            "unpriced": self.unpriced,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Stats:
     """Where the store stands, for ``status`` and the final summary."""
 
@@ -134,6 +162,18 @@ class Stats:
     tokens_out: int
     oldest_queued_s: float | None
     top_errors: list[tuple[str, int]]
+    models: list[ModelUsage] = field(default_factory=list)
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Spent on every priced done job; None when no done job has a price."""
+        costs = [m.cost_usd for m in self.models if m.cost_usd is not None]
+        return sum(costs) if costs or not self.counts["done"] else None
+
+    @property
+    def unpriced(self) -> int:
+        """Done jobs whose cost is unknown, left out of ``cost_usd``."""
+        return sum(m.unpriced for m in self.models)
 
     @property
     def remaining(self) -> int:
@@ -165,6 +205,9 @@ class Stats:
             "tokens_out": self.tokens_out,
             "oldest_queued_s": self.oldest_queued_s,
             "top_errors": [{"type": t, "count": n} for t, n in self.top_errors],
+            "cost_usd": self.cost_usd,
+            "unpriced": self.unpriced,
+            "models": [m.as_dict() for m in self.models],
         }
 
 
@@ -361,7 +404,7 @@ class JobStore:
             )
         pending = [(n, sql) for n, sql in MIGRATIONS if n not in applied]
         if pending and readonly:
-            raise StoreError(f"{self.path}: store needs upgrading; run any writing aiq command")
+            raise StoreOutdated(f"{self.path}: store needs upgrading; run any writing aiq command")
         for name, sql in pending:
             async with self.transaction():
                 for statement in _statements(sql):
@@ -579,10 +622,10 @@ class JobStore:
     ) -> int:
         """Requeue jobs left ``running`` by a process that died; returns how many.
 
-        A request counts an attempt as it goes out (``claim``'s ``sent``), so a job that was in
-        flight each time the process died has spent one per death. One that has spent ``max_attempts`` is dead-lettered instead of
-        requeued: a request that crashes aiq (or is in flight whenever it is killed) must not
-        loop forever.
+        A request counts an attempt as it goes out (``claim``'s ``sent``), so a job that was
+        in flight each time the process died has spent one per death. One that has spent
+        ``max_attempts`` is dead-lettered instead of requeued: a request that crashes aiq (or
+        is in flight whenever it is killed) must not loop forever.
         """
         now = time.time() if now is None else now
         async with self.transaction():
@@ -672,14 +715,15 @@ class JobStore:
         rows = [
             (o.state, o.attempts, o.next_at, o.started_at, o.finished_at, o.status_code,
              o.error_type, o.error_message, o.request_id, o.response, o.tokens_in,
-             o.tokens_out, o.latency_s, o.job_id)
+             o.tokens_out, o.latency_s, o.model, o.cost_usd, o.job_id)
             for o in outcomes
         ]  # fmt: skip
         await self._db.executemany(
             "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, lease_until = NULL, "
             "first_attempt_at = coalesce(first_attempt_at, ?), finished_at = ?, "
             "status_code = ?, error_type = ?, error_message = ?, request_id = ?, "
-            "response = ?, tokens_in = ?, tokens_out = ?, latency_s = ? WHERE id = ?",
+            "response = ?, tokens_in = ?, tokens_out = ?, latency_s = ?, model = ?, "
+            "cost_usd = ? WHERE id = ?",
             rows,
         )
 
@@ -715,7 +759,38 @@ class JobStore:
             tokens_out=tout,
             oldest_queued_s=None if oldest is None else round(max(0.0, now - oldest), 1),
             top_errors=[(t, n) for t, n in errors],
+            models=await self._usage_by_model(),
         )
+
+    async def _usage_by_model(self) -> list[ModelUsage]:
+        rows = await self._db.execute_fetchall(
+            "SELECT model, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0), "
+            "sum(cost_usd), count(*) - count(cost_usd) FROM jobs WHERE state = ? "
+            "GROUP BY model ORDER BY model",
+            (DONE,),
+        )
+        return [ModelUsage(*r) for r in rows]
+
+    async def waiting_models(self) -> set[str | None]:
+        """The models the bodies of queued and running jobs name (None: a body naming none)."""
+        rows = await self._db.execute_fetchall(
+            "SELECT DISTINCT json_extract(CAST(body AS TEXT), '$.model') FROM jobs "
+            "WHERE state IN (?, ?)",
+            (QUEUED, RUNNING),
+        )
+        return {r[0] for r in rows}
+
+    async def done_among(self, k64s: Sequence[int]) -> set[int]:
+        """Which of these jobs (by ``k64``) the store has done already."""
+        done: set[int] = set()
+        for i in range(0, len(k64s), 900):  # under SQLite's 999 parameters of old versions
+            chunk = k64s[i : i + 900]
+            rows = await self._db.execute_fetchall(
+                f"SELECT k64 FROM jobs WHERE state = ? AND k64 IN ({', '.join('?' * len(chunk))})",
+                (DONE, *chunk),
+            )
+            done.update(r[0] for r in rows)
+        return done
 
     async def replay_dead(
         self, *, error_type: str | None = None, custom_ids: Sequence[str] = ()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from . import backoff, tokens
 from .breaker import OUTAGE_ERRORS, CircuitBreaker
+from .costs import Charge, CostMeter
 from .limiter import RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError
 from .store import DEAD, DONE, QUEUED, Job, JobStore, Outcome
@@ -29,6 +30,7 @@ _AHEAD = 8  # jobs kept claimed per sender: one in flight, the rest queued
 _IDLE_POLL_S = 1.0  # how often to look for retries coming due when all else is idle
 _AUTO_FALLBACK = 32  # senders for --concurrency auto when the provider reports no limits
 _AUTO_EVERY_S = 1.0  # how often --concurrency auto resizes
+_ASSUMED_LATENCY_S = 1.0  # for --concurrency auto with configured limits, until replies come
 
 
 @dataclass(slots=True)
@@ -46,6 +48,7 @@ class Progress:
     outage_s: float = 0.0  # how long the provider has been down (0: it is up)
     tokens_in: int = 0
     tokens_out: int = 0
+    cost_usd: float = 0.0  # of the replies with a price
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -97,15 +100,17 @@ class Worker:
         breaker: CircuitBreaker | None = None,
         retry: RetryPolicy = RetryPolicy(),
         progress: Progress | None = None,
+        costs: CostMeter | None = None,
     ) -> None:
         self._store = store
         self._provider = provider
         self._auto = concurrency is None
         self._senders = max_concurrency if concurrency is None else concurrency
-        self._concurrency = 1 if concurrency is None else concurrency  # allowed to send now
         self._limiter = limiter or RateLimiter()
+        self._concurrency = concurrency or self._auto_size(_ASSUMED_LATENCY_S)  # may send now
         self._breaker = breaker or CircuitBreaker()
         self._retry = retry
+        self.costs = costs or CostMeter({})  # prices each reply; keeps --max-cost
         self.progress = progress or Progress()
         self.progress.concurrency = self._concurrency
         self.fatal: ProviderError | None = None
@@ -228,6 +233,7 @@ class Worker:
                 p.done_now += 1
                 p.tokens_in += o.tokens_in or 0
                 p.tokens_out += o.tokens_out or 0
+                p.cost_usd += o.cost_usd or 0.0
             elif o.state == DEAD:
                 p.dead += 1
                 p.dead_now += 1
@@ -253,9 +259,21 @@ class Worker:
                     self._gate.notify()
 
     async def _send(self, job: Job) -> None:
-        """Wait for the provider and the limiter, send, and hand the outcome to the store."""
+        """Wait for the provider and the budget, then send (released back to queued by run()
+        if stopped meanwhile, or if the job would pass --max-cost)."""
         if not await self._provider_up():
-            return  # stopped while waiting: released back to queued by run()
+            return
+        charge = self.costs.charge(job.body)
+        if not await self.costs.admit(charge):
+            self.stop()  # --max-cost: nothing more fits; what is in flight finishes
+            return
+        try:
+            await self._send_admitted(job, charge)
+        finally:
+            self.costs.release(charge)  # unless settled by a reply
+
+    async def _send_admitted(self, job: Job, charge: Charge) -> None:
+        """Wait for the limiter, send, and hand the outcome to the store."""
         try:
             ticket = await self._acquire(job)
         except RequestTooLarge as exc:
@@ -268,7 +286,7 @@ class Worker:
         progress.in_flight += 1
         self._sent.append(job.id)  # its attempt is counted at the next store cycle
         try:
-            outcome = await self._attempt(job, ticket)
+            outcome = await self._attempt(job, ticket, charge)
         finally:
             progress.in_flight -= 1
         self._finish(outcome)
@@ -324,20 +342,34 @@ class Worker:
         if self._concurrency > 1 and now - self._sized_at < _AUTO_EVERY_S:
             return
         self._sized_at = now
-        wanted = _AUTO_FALLBACK
-        if (rate := self._limiter.requests_per_s()) is not None:
-            # A quarter more than the mean needs, for latency's spread; two for the ramp.
-            wanted = math.ceil(rate * self._latency_s * 1.25) + 2
-        wanted = max(1, min(self._senders, wanted))
+        wanted = (
+            self._auto_size(self._latency_s) if self._limiter.requests_per_s() else _AUTO_FALLBACK
+        )
         if wanted != self._concurrency:
             self._concurrency = self.progress.concurrency = wanted
             asyncio.get_running_loop().create_task(self._open_gate())
+
+    def _auto_size(self, latency_s: float) -> int:
+        """Senders enough for the limits at ``latency_s``. With no limit known, 1: the first
+        reply's headers may tell them, and until then a burst could break a per-second limit.
+        With a limit but no rate yet (tokens/min, before a request's cost is known), plenty:
+        the limiter keeps the pace."""
+        rate = self._limiter.requests_per_s()
+        if rate is None:
+            limits = self._limiter.limits
+            return (
+                1
+                if limits.rpm is None and limits.tpm is None
+                else min(self._senders, _AUTO_FALLBACK)
+            )
+        # A quarter more than the mean needs, for latency's spread; two for the ramp.
+        return max(1, min(self._senders, math.ceil(rate * latency_s * 1.25) + 2))
 
     async def _open_gate(self) -> None:
         async with self._gate:
             self._gate.notify_all()
 
-    async def _attempt(self, job: Job, ticket: Ticket) -> Outcome:
+    async def _attempt(self, job: Job, ticket: Ticket, charge: Charge) -> Outcome:
         started = time.time()
         try:
             reply = await self._provider.send(job.endpoint, job.body)
@@ -361,6 +393,8 @@ class Worker:
             tokens_in=reply.tokens_in,
             tokens_out=reply.tokens_out,
             latency_s=finished - started,
+            model=charge.model,
+            cost_usd=self.costs.settle(charge, reply.tokens_in, reply.tokens_out),
         )
 
     def _failure(self, job: Job, err: ProviderError, started: float, ticket: Ticket) -> Outcome:

@@ -1,0 +1,185 @@
+"""``aiq run FILE --dry-run``: what a file would send, cost and take, without sending anything.
+
+Tokens are estimated as the rate limiter books them (``tokens.estimate``): the prompt at about
+four characters a token, the output at its ceiling, ``max_tokens`` times ``n``. The cost is
+therefore an upper bound on output and a rough figure on input; a request that sets no
+``max_tokens`` has no output ceiling, and is counted (``unbounded``) rather than guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from . import tokens
+from .inputs import BadLine, Request
+from .pricing import Price, price_for
+from .store import k64
+
+
+@dataclass(slots=True)
+class ModelForecast:
+    """The requests of one model (None: lines naming none) and their estimated tokens."""
+
+    model: str | None
+    price: Price | None
+    requests: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0  # the ceiling: max_tokens x n
+    unbounded: int = 0  # requests without max_tokens: their output is not counted
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Estimated cost, None when the model has no price."""
+        if self.price is None:
+            return None
+        return self.price.cost_usd(self.prompt_tokens, self.output_tokens)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "unbounded_requests": self.unbounded,
+            "cost_usd": self.cost_usd,
+            "price": None
+            if self.price is None
+            else {"input": self.price.input_per_m, "output": self.price.output_per_m},
+        }
+
+
+@dataclass(slots=True)
+class Forecast:
+    """What ``aiq run FILE`` would send: requests, tokens and cost per model, and the ETA."""
+
+    path: str
+    rpm: int | None
+    tpm: int | None
+    valid: int = 0  # valid lines
+    duplicates: int = 0  # valid lines whose request an earlier line already makes
+    done_before: int = 0  # requests the store has done already: not sent again
+    store_note: str | None = None  # why the store was not consulted, if it was not
+    bad_lines: list[BadLine] = field(default_factory=list)
+    models: dict[str | None, ModelForecast] = field(default_factory=dict)
+
+    @property
+    def invalid(self) -> int:
+        return len(self.bad_lines)
+
+    @property
+    def requests(self) -> int:
+        """Requests that would be sent."""
+        return sum(m.requests for m in self.models.values())
+
+    @property
+    def tokens(self) -> int:
+        """Tokens they would book against a tokens-per-minute limit."""
+        return sum(m.prompt_tokens + m.output_tokens for m in self.models.values())
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Estimated total; None when no model sent to has a price (see ``unpriced``)."""
+        costs = [c for m in self.models.values() if (c := m.cost_usd) is not None]
+        return sum(costs) if costs or not self.requests else None
+
+    @property
+    def unpriced(self) -> list[str | None]:
+        """Models with requests but no price: the total leaves them out."""
+        return [m.model for m in self.models.values() if m.requests and m.price is None]
+
+    @property
+    def eta_s(self) -> float | None:
+        """The least time the configured limits allow; None when no limit is set."""
+        times = []
+        if self.rpm:
+            times.append(self.requests / self.rpm * 60)
+        if self.tpm:
+            times.append(self.tokens / self.tpm * 60)
+        return max(times) if times else None
+
+    @property
+    def bottleneck(self) -> str | None:
+        """Which limit sets the ETA: "rpm" or "tpm"."""
+        if not (self.rpm or self.tpm):
+            return None
+        by_requests = self.requests / self.rpm if self.rpm else -1.0
+        by_tokens = self.tokens / self.tpm if self.tpm else -1.0
+        return "rpm" if by_requests >= by_tokens else "tpm"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": True,
+            "input": self.path,
+            "valid": self.valid,
+            "invalid": self.invalid,
+            "duplicates": self.duplicates,
+            "done_before": self.done_before,
+            "store_note": self.store_note,
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "cost_usd": self.cost_usd,
+            "unpriced_models": self.unpriced,
+            "rpm": self.rpm,
+            "tpm": self.tpm,
+            "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
+            "bottleneck": self.bottleneck,
+            "models": [m.as_dict() for m in self.models.values()],
+            "bad_lines": [str(b) for b in self.bad_lines],
+        }
+
+
+class Forecaster:
+    """Counts a file's lines into a Forecast; the caller subtracts what the store has done.
+
+    ``default_output`` is the output ceiling of a request without one, where the provider
+    fills it in (Anthropic requires max_tokens; aiq sends the config's default).
+    """
+
+    def __init__(
+        self, forecast: Forecast, prices: Mapping[str, Price], *, default_output: int = 0
+    ) -> None:
+        self.forecast = forecast
+        self._prices = prices
+        self._default_output = default_output
+        self._seen: set[int] = set()  # job keys (first 8 bytes) already counted
+
+    def add(self, lines: Iterable[Request | BadLine]) -> list[tuple[int, Request]]:
+        """Count lines; returns the new distinct requests by short key, for ``count``."""
+        f = self.forecast
+        fresh: list[tuple[int, Request]] = []
+        for line in lines:
+            if isinstance(line, BadLine):
+                f.bad_lines.append(line)
+                continue
+            f.valid += 1
+            k = k64(line.key)
+            if k in self._seen:
+                f.duplicates += 1
+                continue
+            self._seen.add(k)
+            fresh.append((k, line))
+        return fresh
+
+    def count(self, requests: Iterable[Request]) -> None:
+        """Add requests that would be sent to their model's figures."""
+        for req in requests:
+            try:
+                model = orjson.loads(req.body).get("model")
+            except (orjson.JSONDecodeError, AttributeError):
+                model = None
+            model = model if isinstance(model, str) else None
+            m = self.forecast.models.get(model)
+            if m is None:
+                m = self.forecast.models[model] = ModelForecast(
+                    model, price_for(model, self._prices)
+                )
+            cost = tokens.estimate(req.body)
+            reserved = cost.reserved or self._default_output
+            m.requests += 1
+            m.prompt_tokens += cost.prompt
+            m.output_tokens += reserved
+            m.unbounded += not reserved

@@ -1,0 +1,274 @@
+"""``aiq check``: is everything in place for a run? Config, key, endpoint, model, prices, store.
+
+Each check gives one Finding: ``ok``, ``warn`` (works, but may surprise) or ``FAIL`` with what to
+do. Nothing is sent that costs tokens: the endpoint and the model are confirmed through the
+provider's model list (``GET /models``), and the store is opened read-only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
+from .errors import FatalProviderError, StoreError, UsageError
+from .pricing import DEFAULT_PRICES, PRICES_AS_OF, price_for
+from .providers.anthropic import ANTHROPIC_VERSION
+from .store import STATE_NAMES, JobStore, StoreOutdated
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One line of ``aiq check``. A failure of the provider (key refused, model missing,
+    endpoint down) exits 4; of the config, environment or store, 2 (DESIGN.md)."""
+
+    status: str  # OK, WARN or FAIL
+    subject: str
+    message: str
+    fix: str | None = None
+    provider: bool = False  # the provider's side, not the config's or the machine's
+
+    def __str__(self) -> str:
+        fix = f"  → {self.fix}" if self.fix and self.status != OK else ""
+        return f"{self.status:<4} {self.subject}: {self.message}{fix}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "subject": self.subject,
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """Every finding, in order, and the exit code they add up to."""
+
+    findings: list[Finding]
+
+    @property
+    def exit_code(self) -> int:
+        failed = [f for f in self.findings if f.status == FAIL]
+        if any(not f.provider for f in failed):
+            return UsageError.exit_code
+        return FatalProviderError.exit_code if failed else 0
+
+
+async def run_checks(
+    resolve: Callable[[], Config], *, transport: httpx.AsyncBaseTransport | None = None
+) -> CheckReport:
+    """Run every check. ``resolve`` builds the Config, so a config error becomes findings."""
+    try:
+        config = resolve()
+    except UsageError as exc:
+        findings = [
+            Finding(FAIL, "config", line, "fix the config file or the flag")
+            for line in str(exc).splitlines()
+        ]
+        return CheckReport([*findings, Finding(WARN, "checks", "the rest need a valid config")])
+    findings = [_config_finding(config)]
+    if config.provider == "simulated":
+        findings.append(Finding(OK, "provider", "simulated: no key or network needed"))
+    else:
+        findings.append(key := _key_finding(config))
+        if key.status == FAIL:  # the provider would only refuse us
+            findings.append(Finding(WARN, "endpoint", "not checked without an API key"))
+        else:
+            findings += await _endpoint_findings(config, transport)
+    findings.append(_price_finding(config))
+    findings.append(await _store_finding(config.db))
+    return CheckReport(findings)
+
+
+def _config_finding(c: Config) -> Finding:
+    return Finding(
+        OK, "config", f"provider {c.provider}, base URL {c.base_url}, model {c.model or '(none)'}"
+    )
+
+
+def _official(c: Config) -> bool:
+    official = ANTHROPIC_BASE_URL if c.provider == "anthropic" else OPENAI_BASE_URL
+    return c.base_url.rstrip("/") == official
+
+
+def _key_finding(c: Config) -> Finding:
+    if c.api_key:
+        return Finding(OK, "API key", f"found in ${c.api_key_env} (not shown)")
+    if _official(c):
+        return Finding(
+            FAIL,
+            "API key",
+            f"${c.api_key_env} is not set",
+            f"export {c.api_key_env}=…, or set api_key_env: to the variable that holds it",
+        )
+    return Finding(OK, "API key", f"${c.api_key_env} is not set: fine for a server that needs none")
+
+
+def _models_request(c: Config) -> tuple[str, dict[str, str]]:
+    """The URL and headers that list the provider's models, as its SDK would ask."""
+    base = c.base_url.rstrip("/")
+    headers = dict(c.extra_headers)
+    if c.provider == "anthropic":
+        base = base.removesuffix("/v1")
+        headers["anthropic-version"] = ANTHROPIC_VERSION
+        if c.api_key:
+            headers["x-api-key"] = c.api_key
+        return f"{base}/v1/models?limit=1000", headers
+    if c.api_key:
+        headers["authorization"] = f"Bearer {c.api_key}"
+    return f"{base}/models", headers
+
+
+async def _endpoint_findings(
+    c: Config, transport: httpx.AsyncBaseTransport | None
+) -> list[Finding]:
+    url, headers = _models_request(c)
+    shown = url.split("?")[0]
+    timeout = httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s)
+    try:
+        async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
+            resp = await client.get(url, headers=headers)
+    except httpx.HTTPError as exc:
+        # httpx messages never include headers, so the key cannot leak through them.
+        what = str(exc) or type(exc).__name__
+        return [
+            Finding(
+                FAIL,
+                "endpoint",
+                f"cannot reach {shown} ({what})",
+                "check --base-url (or base_url:) and the network",
+                provider=True,
+            )
+        ]
+    if resp.status_code in (401, 403):
+        return [
+            Finding(
+                FAIL,
+                "API key",
+                f"refused by {shown} (HTTP {resp.status_code})",
+                f"check the key in ${c.api_key_env} and its permissions",
+                provider=True,
+            )
+        ]
+    if resp.status_code == 404:
+        return [
+            Finding(OK, "endpoint", f"{shown} answered, but serves no model list (HTTP 404)"),
+            Finding(WARN, "model", f"cannot confirm {c.model or 'the model'}: no model list"),
+        ]
+    if resp.status_code != 200:
+        return [
+            Finding(
+                FAIL,
+                "endpoint",
+                f"{shown} answered HTTP {resp.status_code}",
+                "try again later, and check the provider's status page",
+                provider=True,
+            )
+        ]
+    models = _model_ids(resp)
+    if models is None:
+        return [
+            Finding(
+                FAIL,
+                "endpoint",
+                f"{shown} answered 200 but not with a model list",
+                "check --base-url: it should end in /v1",
+                provider=True,
+            )
+        ]
+    return [
+        Finding(OK, "endpoint", f"{shown} answered ({len(models)} models listed)"),
+        _model_finding(c, models),
+    ]
+
+
+def _model_ids(resp: httpx.Response) -> list[str] | None:
+    try:
+        data = resp.json().get("data")
+        return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+def _model_finding(c: Config, models: list[str]) -> Finding:
+    if c.model is None:
+        return Finding(
+            WARN,
+            "model",
+            "none configured: every line must name its own",
+            "set --model or model: in the config for lines naming none",
+        )
+    if c.model in models:
+        return Finding(OK, "model", f"{c.model} is listed by the endpoint")
+    close = difflib.get_close_matches(c.model, models, n=1)
+    hint = f" (closest: {close[0]})" if close else ""
+    return Finding(
+        FAIL,
+        "model",
+        f"{c.model} is not among the {len(models)} models the endpoint lists{hint}",
+        "fix --model or model: in the config",
+        provider=True,
+    )
+
+
+def _price_finding(c: Config) -> Finding:
+    if c.model is None:
+        return Finding(OK, "price", "no default model to price; lines are priced by their model")
+    price = price_for(c.model, c.price_table)
+    if price is None:
+        status = FAIL if c.max_cost_usd is not None else WARN
+        return Finding(
+            status,
+            "price",
+            f"none for {c.model}: its cost shows as unknown, and --max-cost refuses to run it",
+            f"add prices: {{{c.model}: {{input: USD, output: USD}}}} (per 1M tokens) to the config",
+        )
+    source = "the config" if c.model in c.prices else f"aiq's list prices as of {PRICES_AS_OF}"
+    note = "" if c.model in c.prices or c.model not in DEFAULT_PRICES else ", may be outdated"
+    return Finding(
+        OK,
+        "price",
+        f"{c.model}: ${price.input_per_m:g} in / ${price.output_per_m:g} out per 1M "
+        f"tokens ({source}{note})",
+    )
+
+
+async def _store_finding(db: Path) -> Finding:
+    if not db.exists():
+        parent = next((p for p in db.absolute().parents if p.exists()), None)
+        if parent is not None and not os.access(parent, os.W_OK):
+            return Finding(
+                FAIL,
+                "store",
+                f"{db} cannot be created: {parent} is not writable",
+                "make it writable, or pass --db PATH",
+            )
+        return Finding(OK, "store", f"{db} does not exist yet: the first add or run creates it")
+    try:
+        store = await JobStore.open(db, readonly=True)
+    except StoreOutdated:
+        return Finding(OK, "store", f"{db} was written by an older aiq: the next run upgrades it")
+    except StoreError as exc:
+        return Finding(FAIL, "store", str(exc))
+    try:
+        stats = await store.stats()
+    finally:
+        await store.close()
+    counts = ", ".join(f"{stats.counts[s]} {s}" for s in STATE_NAMES)
+    if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK):
+        return Finding(
+            FAIL,
+            "store",
+            f"{db} is readable but not writable",
+            "make it and its directory writable, or pass --db PATH",
+        )
+    return Finding(OK, "store", f"{db}: schema up to date, {stats.total} jobs ({counts})")

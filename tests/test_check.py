@@ -1,0 +1,141 @@
+"""`aiq check` against the fake server: a healthy setup, a bad key, a missing model, and more."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import API_KEY, aiq_env, run_aiq, write_prompts
+from fakeserver import FakeServer
+
+
+def _check(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
+    proc = run_aiq("check", "--json", *args, cwd=tmp_path, env=env)
+    assert API_KEY not in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["exit_code"] == proc.returncode
+    return proc.returncode, {f["subject"]: f for f in report["findings"]}
+
+
+def _anthropic_env(key: str = API_KEY) -> dict[str, str]:
+    env = aiq_env(ANTHROPIC_API_KEY=key)
+    env.pop("ANTHROPIC_BASE_URL", None)
+    return env
+
+
+def test_healthy_setup_is_all_ok(tmp_path: Path, server: FakeServer) -> None:
+    code, found = _check(tmp_path, "--base-url", server.base_url, "--model", "gpt-4o-mini")
+
+    assert code == 0
+    assert {f["status"] for f in found.values()} == {"ok"}
+    assert "gpt-4o-mini is listed" in found["model"]["message"]
+    assert "OPENAI_API_KEY" in found["API key"]["message"]
+    assert "does not exist yet" in found["store"]["message"]
+    assert not (tmp_path / ".aiq").exists()  # check writes nothing
+    assert [r.path for r in server.requests] == ["/v1/models"]  # no billable request
+
+
+def test_text_output_is_one_line_per_finding(tmp_path: Path, server: FakeServer) -> None:
+    proc = run_aiq("check", "--base-url", server.base_url, "--model", "nope", cwd=tmp_path)
+
+    lines = proc.stdout.splitlines()
+    assert all(line.startswith(("ok   ", "warn ", "FAIL ")) for line in lines), lines
+    (model,) = [line for line in lines if line.startswith("FAIL model:")]
+    assert "→ fix --model" in model
+
+
+def test_bad_key_fails_naming_the_variable_and_never_the_key(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    env = aiq_env(OPENAI_API_KEY="sk-wrong-key-4242")
+
+    code, found = _check(tmp_path, "--base-url", server.base_url, "--model", "gpt-4o-mini", env=env)
+
+    assert code == 4
+    assert found["API key"]["status"] == "FAIL"
+    assert "HTTP 401" in found["API key"]["message"]
+    assert "OPENAI_API_KEY" in found["API key"]["fix"]
+    assert "sk-wrong-key-4242" not in json.dumps(found)
+
+
+def test_missing_model_fails_with_the_closest_one(tmp_path: Path, server: FakeServer) -> None:
+    code, found = _check(tmp_path, "--base-url", server.base_url, "--model", "gpt-4o-mimi")
+
+    assert code == 4
+    assert found["model"]["status"] == "FAIL"
+    assert "closest: gpt-4o-mini" in found["model"]["message"]
+    assert found["endpoint"]["status"] == "ok"
+
+
+def test_unreachable_endpoint_fails(tmp_path: Path) -> None:
+    with FakeServer() as gone:
+        url = gone.base_url  # a port nobody listens on once it stops
+
+    code, found = _check(tmp_path, "--base-url", url, "--model", "gpt-4o-mini")
+
+    assert code == 4
+    assert found["endpoint"]["status"] == "FAIL" and "base-url" in found["endpoint"]["fix"]
+
+
+def test_missing_key_for_the_official_api_fails_without_calling_it(tmp_path: Path) -> None:
+    env = aiq_env()
+    del env["OPENAI_API_KEY"]
+
+    code, found = _check(tmp_path, "--model", "gpt-4o-mini", env=env)
+
+    assert code == 2
+    assert found["API key"]["status"] == "FAIL" and "not set" in found["API key"]["message"]
+    assert found["endpoint"]["status"] == "warn"
+
+
+def test_anthropic_healthy_bad_key_and_missing_model(tmp_path: Path, server: FakeServer) -> None:
+    args = ("--provider", "anthropic", "--base-url", server.base_url)
+
+    code, found = _check(tmp_path, *args, "--model", "claude-sonnet-4-5", env=_anthropic_env())
+    assert code == 0, found
+    assert "ANTHROPIC_API_KEY" in found["API key"]["message"]
+    assert "$3 in / $15 out" in found["price"]["message"]
+
+    code, found = _check(tmp_path, *args, "--model", "claude-x", env=_anthropic_env())
+    assert code == 4 and found["model"]["status"] == "FAIL"
+
+    code, found = _check(tmp_path, *args, "--model", "claude-sonnet-4-5", env=_anthropic_env("no"))
+    assert code == 4 and found["API key"]["status"] == "FAIL"
+    assert {r.had_api_key for r in server.requests} == {True}  # Anthropic's header, not Bearer
+
+
+def test_every_unknown_config_key_is_a_finding(tmp_path: Path) -> None:
+    (tmp_path / "aiq.yaml").write_text("concurency: 3\nmodle: x\n")
+
+    code, _ = _check(tmp_path)
+    proc = run_aiq("check", cwd=tmp_path)
+
+    assert code == 2
+    assert "did you mean 'concurrency'" in proc.stdout
+    assert "did you mean 'model'" in proc.stdout
+
+
+def test_store_is_checked_read_only(tmp_path: Path, server: FakeServer) -> None:
+    write_prompts(tmp_path / "p.jsonl", [("a", "hi"), ("b", "there")])
+    assert run_aiq("add", "p.jsonl", "--model", "gpt-4o-mini", cwd=tmp_path).returncode == 0
+
+    code, found = _check(tmp_path, "--base-url", server.base_url, "--model", "gpt-4o-mini")
+
+    assert code == 0
+    assert "2 jobs (2 queued" in found["store"]["message"]
+
+    (tmp_path / "junk.db").write_text("not a database, just text " * 100)
+    code, found = _check(tmp_path, "--base-url", server.base_url, "--db", "junk.db")
+    assert code == 2
+    assert found["store"]["status"] == "FAIL"
+
+
+def test_an_unpriced_model_is_a_warning_and_a_failure_under_max_cost(tmp_path: Path) -> None:
+    code, found = _check(tmp_path, "--provider", "simulated", "--model", "house-model")
+    assert code == 0 and found["price"]["status"] == "warn"
+
+    (tmp_path / "aiq.yaml").write_text("max_cost: 5\n")
+    code, found = _check(tmp_path, "--provider", "simulated", "--model", "house-model")
+    assert code == 2 and found["price"]["status"] == "FAIL"
+    assert "prices:" in found["price"]["fix"]

@@ -1,0 +1,101 @@
+"""`aiq run FILE --dry-run`: the forecast equals a hand count, and nothing is sent or written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+from conftest import run_aiq, write_prompts
+from fakeserver import FakeServer
+
+# Round prices, so the expected cost is plain arithmetic: $1 and $2 per million tokens.
+CONFIG = "prices:\n  m: {input: 1.0, output: 2.0}\n"
+
+
+def _line(custom_id: str, prompt: str, **extra: object) -> str:
+    return json.dumps({"custom_id": custom_id, "prompt": prompt, **extra}) + "\n"
+
+
+def test_forecast_counts_tokens_and_cost_per_model_and_the_eta(tmp_path: Path) -> None:
+    (tmp_path / "aiq.yaml").write_text(CONFIG)
+    (tmp_path / "p.jsonl").write_text(
+        _line("a", "x" * 40, max_tokens=100)  # 10 prompt tokens + 100 output
+        + _line("b", "y" * 41, max_tokens=100)  # 11 (ceil) + 100
+        + _line("dup", "x" * 40, max_tokens=100)  # the same request as "a": sent once
+        + _line("c", "z" * 8, model="gpt-4o-mini", max_tokens=10, n=2)  # 2 + 20, default price
+        + _line("d", "w" * 4, model="no-such-model", max_tokens=5)  # 1 + 5, no price
+        + "{not json\n"
+    )
+
+    proc = run_aiq(
+        "run", "p.jsonl", "--dry-run", "--json", "--model", "m", "--rpm", "60", "--tpm", "300",
+        cwd=tmp_path,
+    )  # fmt: skip
+
+    assert proc.returncode == 0, proc.stderr
+    assert "p.jsonl:6:" in proc.stderr  # the invalid line, reported as `add` reports it
+    f = json.loads(proc.stdout)
+    assert (f["valid"], f["invalid"], f["duplicates"], f["requests"]) == (5, 1, 1, 4)
+    models = {m["model"]: m for m in f["models"]}
+    assert models["m"]["requests"] == 2
+    assert (models["m"]["prompt_tokens"], models["m"]["output_tokens"]) == (21, 200)
+    assert math.isclose(models["m"]["cost_usd"], (21 * 1.0 + 200 * 2.0) / 1e6)
+    mini = models["gpt-4o-mini"]
+    assert (mini["prompt_tokens"], mini["output_tokens"]) == (2, 20)
+    assert math.isclose(mini["cost_usd"], (2 * 0.15 + 20 * 0.60) / 1e6)  # pricing defaults
+    assert models["no-such-model"]["cost_usd"] is None  # unknown, not 0
+    assert f["unpriced_models"] == ["no-such-model"]
+    assert math.isclose(f["cost_usd"], models["m"]["cost_usd"] + mini["cost_usd"])
+    assert f["tokens"] == 221 + 22 + 6
+    # 4 requests at 60/min take 4 s; 249 tokens at 300/min take 49.8 s: tokens set the ETA.
+    assert (f["eta_s"], f["bottleneck"]) == (49.8, "tpm")
+    assert not (tmp_path / ".aiq").exists()  # no store created
+
+
+def test_text_report_names_each_model_and_says_when_no_limit_is_set(tmp_path: Path) -> None:
+    (tmp_path / "aiq.yaml").write_text(CONFIG)
+    write_prompts(tmp_path / "p.jsonl", [("a", "hello"), ("b", "hello again")])
+
+    proc = run_aiq("run", "p.jsonl", "--dry-run", "--model", "m", cwd=tmp_path)
+
+    assert proc.returncode == 0, proc.stderr
+    assert "2 requests to send" in proc.stdout
+    assert "  m " in proc.stdout
+    assert "no limit configured" in proc.stdout
+    assert "may be outdated" in proc.stdout
+    assert "2 requests set no max_tokens" in proc.stdout
+
+
+def test_dry_run_sends_nothing_and_leaves_the_store_as_it_was(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    (tmp_path / "aiq.yaml").write_text(CONFIG)
+    first = [(f"a{i}", f"question {i}") for i in range(3)]
+    write_prompts(tmp_path / "p.jsonl", first)
+    args = ("--base-url", server.base_url, "--model", "m")
+    assert run_aiq("run", "p.jsonl", *args, cwd=tmp_path).returncode == 0
+    sent = len(server.requests)
+    write_prompts(tmp_path / "p.jsonl", [(f"b{i}", f"more {i}") for i in range(4)], mode="a")
+    db = tmp_path / ".aiq" / "aiq.db"
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    status_before = run_aiq("status", "--json", cwd=tmp_path).stdout
+
+    proc = run_aiq("run", "p.jsonl", "--dry-run", "--json", *args, cwd=tmp_path)
+
+    assert proc.returncode == 0, proc.stderr
+    f = json.loads(proc.stdout)
+    assert (f["done_before"], f["requests"]) == (3, 4)  # the done ones would not be sent
+    assert len(server.requests) == sent  # nothing went out
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout) == json.loads(status_before)
+
+
+def test_a_file_without_a_valid_line_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text("nope\n[1]\n")
+
+    proc = run_aiq("run", "p.jsonl", "--dry-run", "--model", "m", cwd=tmp_path)
+
+    assert proc.returncode == 2
+    assert "no valid line" in proc.stderr

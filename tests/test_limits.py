@@ -1,0 +1,153 @@
+"""Rate limits, faults and outages, end to end: a real `aiq run` against the fake server.
+
+The server enforces its limits as OpenAI does (sliding windows, 429 + Retry-After, the
+x-ratelimit-* headers) and logs every request, so each test checks what was really sent and
+when. Limits are large so the tests stay short: "the least time the limit allows" for N
+requests at R per minute is N / R minutes, the pace the quota sustains.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import API_KEY, read_jsonl, run_aiq, write_prompts
+from fakeserver import FakeServer, LoggedRequest
+
+
+def posts(server: FakeServer) -> list[LoggedRequest]:
+    return [r for r in server.requests if r.method == "POST"]
+
+
+def sending_time(requests: list[LoggedRequest]) -> float:
+    """From the first request the server admitted to the last: the run's sending phase."""
+    admitted = sorted(r.received for r in requests if r.counted)
+    return admitted[-1] - admitted[0]
+
+
+def share_429(requests: list[LoggedRequest]) -> float:
+    return sum(r.status == 429 for r in requests) / len(requests)
+
+
+@pytest.mark.parametrize("window_s", [60.0, 1.0], ids=["per-minute", "per-second"])
+@pytest.mark.parametrize("told", [True, False], ids=["--rpm", "learned"])
+def test_requests_per_minute_used_to_the_full_without_429s(
+    tmp_path: Path, window_s: float, told: bool
+) -> None:
+    rpm, n = 12_000, 1_200  # 200/s: 6 s of quota
+    write_prompts(tmp_path / "p.jsonl", [(f"r{i}", f"rate prompt {i}") for i in range(n)])
+    with FakeServer(rpm=rpm, limit_window_s=window_s, latency_s=0.1) as server:
+        args = ["--base-url", server.base_url, "--model", "m"]
+        if told:
+            args += ["--rpm", str(rpm)]
+        done = run_aiq("run", "p.jsonl", *args, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr
+        sent = posts(server)
+        # The server never admitted more than its limit in any window (its own count)...
+        assert server.max_accepted_in_window(window_s) <= rpm * window_s / 60
+    assert len(read_jsonl(tmp_path / "p.results.jsonl")) == n
+    assert share_429(sent) < 0.01, Counter(r.status for r in sent)
+    least = (n - 1) * 60 / rpm
+    assert sending_time(sent) <= least * 1.05
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["--tpm", "learned"])
+def test_tokens_per_minute_used_to_the_full_without_429s(tmp_path: Path, told: bool) -> None:
+    # ~510 prompt tokens + 500 reserved a request; 600,000/min is ~10 requests a second.
+    tpm, n = 600_000, 70
+    long = "lorem ipsum dolor sit amet " * 75
+    lines = [(f"t{i}", f"{i} {long}") for i in range(n)]
+    write_prompts(tmp_path / "t.jsonl", lines)
+    (tmp_path / "aiq.yaml").write_text("max_tokens: 500\n")
+    with FakeServer(tpm=tpm, latency_s=0.1) as server:
+        args = ["--base-url", server.base_url, "--model", "m"]
+        if told:
+            args += ["--tpm", str(tpm)]
+        done = run_aiq("run", "t.jsonl", *args, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr
+        sent = posts(server)
+        assert server.max_tokens_in_window(60.0) <= tpm
+    assert len(read_jsonl(tmp_path / "t.results.jsonl")) == n
+    assert share_429(sent) < 0.01, Counter(r.status for r in sent)
+    tokens = sorted((r.received, r.tokens) for r in sent if r.counted)
+    # Every request but the last is paid for before the last one goes.
+    least = sum(t for _, t in tokens[:-1]) * 60 / tpm
+    assert sending_time(sent) <= least * 1.05
+
+
+def test_faults_lose_nothing_and_resend_nothing_that_succeeded(tmp_path: Path) -> None:
+    n = 300
+    prompts = [(f"f{i}", f"fault prompt {i}" + (" FAIL_PERMANENT" if i % 50 == 7 else ""))
+               for i in range(n)]  # fmt: skip
+    write_prompts(tmp_path / "f.jsonl", prompts)
+    (tmp_path / "aiq.yaml").write_text("backoff_base_s: 0.1\nbackoff_cap_s: 1\nmax_attempts: 8\n")
+    with FakeServer(
+        error_500_rate=0.05, reset_rate=0.02, hang_rate=0.01, hang_s=3.0, seed=7
+    ) as server:
+        done = run_aiq(
+            "run", "f.jsonl", "--base-url", server.base_url, "--model", "m", "--timeout", "1",
+            "--concurrency", "16", cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr  # finished, some dead (the permanent ones)
+        sent = posts(server)
+    faults = Counter(r.fault for r in sent)
+    assert faults["500"] and faults["reset"] and faults["hang"]  # the faults did happen
+    results = {r["custom_id"]: r for r in read_jsonl(tmp_path / "f.results.jsonl")}
+    dead = {r["custom_id"]: r for r in read_jsonl(tmp_path / "f.dead.jsonl")}
+    permanent = {cid for cid, p in prompts if "FAIL_PERMANENT" in p}
+    assert set(dead) == permanent
+    assert set(results) == {cid for cid, _ in prompts} - permanent
+    for record in dead.values():  # dead at once, with the server's own message
+        assert record["error"]["type"] == "invalid_request"
+        assert record["error"]["message"] == "HTTP 400: The request was rejected as invalid."
+    # No prompt that got its answer was sent again.
+    answered_at: dict[str, float] = {}
+    for r in sorted(sent, key=lambda r: r.received):
+        assert r.prompt not in answered_at, f"{r.prompt!r} sent again after it succeeded"
+        if r.status == 200 and r.fault is None:
+            answered_at[r.prompt] = r.received
+
+
+def test_a_bad_key_stops_the_run_at_once_with_every_job_queued(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "k.jsonl", [(f"k{i}", f"key prompt {i}") for i in range(200)])
+    with FakeServer(require_key="sk-the-right-one") as server:
+        done = run_aiq("run", "k.jsonl", "--base-url", server.base_url, "--model", "m",
+                       cwd=tmp_path)  # fmt: skip
+        calls = len(posts(server))
+    assert done.returncode == 4, done.stderr
+    assert "OPENAI_API_KEY" in done.stderr and API_KEY not in done.stderr
+    assert calls <= 5
+    status = run_aiq("status", "--json", cwd=tmp_path)
+    counts = __import__("json").loads(status.stdout)["counts"]
+    assert counts["queued"] == 200 and counts["done"] == counts["dead"] == 0
+
+
+def test_an_outage_of_20_s_dead_letters_nothing_and_the_run_completes(tmp_path: Path) -> None:
+    n = 400
+    write_prompts(tmp_path / "o.jsonl", [(f"o{i}", f"outage prompt {i}") for i in range(n)])
+    with FakeServer(latency_s=0.1) as server:
+        outage_at: list[float] = []
+
+        def outage_when_a_quarter_is_done() -> None:
+            while len(posts(server)) < n // 4:
+                time.sleep(0.01)
+            outage_at.append(time.monotonic())
+            server.start_outage(20.0)
+
+        watcher = threading.Thread(target=outage_when_a_quarter_is_done, daemon=True)
+        watcher.start()
+        done = run_aiq("run", "o.jsonl", "--base-url", server.base_url, "--model", "m",
+                       "--concurrency", "16", cwd=tmp_path, timeout=120)  # fmt: skip
+        finished = time.monotonic()
+        sent = posts(server)
+    assert done.returncode == 0, done.stderr
+    assert outage_at and finished - outage_at[0] >= 20  # the outage really was in the middle
+    outage_calls = sum(r.fault == "outage" for r in sent)
+    assert outage_calls >= 1
+    assert len(read_jsonl(tmp_path / "o.results.jsonl")) == n
+    assert read_jsonl(tmp_path / "o.dead.jsonl") == []
+    # The breaker held the run back: a few probes, not a retry storm, while it was down.
+    assert outage_calls < 60, outage_calls
