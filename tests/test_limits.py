@@ -8,6 +8,7 @@ requests at R per minute is N / R minutes, the pace the quota sustains.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -121,7 +122,7 @@ def test_a_bad_key_stops_the_run_at_once_with_every_job_queued(tmp_path: Path) -
     assert "OPENAI_API_KEY" in done.stderr and API_KEY not in done.stderr
     assert calls <= 5
     status = run_aiq("status", "--json", cwd=tmp_path)
-    counts = __import__("json").loads(status.stdout)["counts"]
+    counts = json.loads(status.stdout)["counts"]
     assert counts["queued"] == 200 and counts["done"] == counts["dead"] == 0
 
 
@@ -149,5 +150,21 @@ def test_an_outage_of_20_s_dead_letters_nothing_and_the_run_completes(tmp_path: 
     assert outage_calls >= 1
     assert len(read_jsonl(tmp_path / "o.results.jsonl")) == n
     assert read_jsonl(tmp_path / "o.dead.jsonl") == []
+    assert "provider down" in done.stderr  # the progress lines said what was going on
     # The breaker held the run back: a few probes, not a retry storm, while it was down.
     assert outage_calls < 60, outage_calls
+
+
+def test_a_provider_down_longer_than_max_outage_stops_the_run_resumably(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "d.jsonl", [(f"d{i}", f"down prompt {i}") for i in range(50)])
+    with FakeServer() as server:
+        server.start_outage(120.0)
+        started = time.monotonic()
+        done = run_aiq("run", "d.jsonl", "--base-url", server.base_url, "--model", "m",
+                       "--max-outage", "3", cwd=tmp_path)  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert done.returncode == 4, done.stderr
+    assert "--max-outage" in done.stderr and "aiq resume" in done.stderr
+    assert elapsed < 15
+    status = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
+    assert status["counts"]["queued"] == 50  # nothing dead, nothing lost

@@ -39,8 +39,13 @@ def summary_line(p: Progress) -> str:
     return (
         f"done {p.done}/{p.total} ({pct:.0f}%) · {p.rate_per_s:.1f}/s · eta {fmt_duration(p.eta_s)}"
         f" · in flight {p.in_flight} · retries {p.retries} · dead {p.dead}"
-        f" · tokens {p.tokens_in:,} in / {p.tokens_out:,} out"
+        f" · tokens {p.tokens_in:,} in / {p.tokens_out:,} out{outage_note(p)}"
     )
+
+
+def outage_note(p: Progress) -> str:
+    """`` · provider down 42s, probing`` while the circuit breaker is open, else nothing."""
+    return f" · provider down {fmt_duration(p.outage_s)}, probing" if p.outage_s else ""
 
 
 class PlainProgress:
@@ -86,6 +91,8 @@ class LiveProgress:
             f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out",
         )
         grid.add_row(stats)
+        if p.outage_s:
+            grid.add_row(f"[red]{outage_note(p).removeprefix(' · ')}[/]")
         self._live.update(grid)
 
     def close(self) -> None:
