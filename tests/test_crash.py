@@ -49,3 +49,28 @@ def test_sigkill_at_random_moments_then_resume(tmp_path: Path) -> None:
     # outcome; a run holds at most _AHEAD jobs per sender claimed.
     resent = sum(n - 1 for n in sent.values())
     assert resent <= kills * CONCURRENCY * _AHEAD
+
+
+def test_a_request_in_flight_at_every_kill_is_dead_after_max_attempts(tmp_path: Path) -> None:
+    """A request that always takes the process down with it must not loop forever."""
+    write_prompts(tmp_path / "h.jsonl", [("h1", "a request that never comes back")])
+    args = ["--max-attempts", "2", "--timeout", "600", "--concurrency", "1"]
+    with FakeServer(hang_rate=1.0, hang_s=600.0) as server:
+        args += ["--base-url", server.base_url]
+        for n in (1, 2):
+            command = ("run", "h.jsonl", "--model", "m") if n == 1 else ("resume",)
+            proc = start_aiq(*command, *args, cwd=tmp_path)
+            deadline = time.monotonic() + 20
+            while len(server.requests) < n and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(server.requests) == n, "the request never reached the server"
+            time.sleep(0.3)  # past the store cycle that counts the attempt (every 50 ms)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        final = run_aiq("resume", *args, cwd=tmp_path)
+        assert len(server.requests) == 2  # not sent a third time
+    assert final.returncode == 1, final.stderr  # finished, with a dead job
+    (dead,) = read_jsonl(tmp_path / "h.dead.jsonl")
+    assert dead["custom_id"] == "h1"
+    assert dead["error"]["type"] == "crashed"
+    assert "in flight" in dead["error"]["message"]
