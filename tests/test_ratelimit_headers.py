@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from aiq.ratelimit_headers import (
     parse_duration,
     parse_rate_limit_headers,
     parse_rfc3339_delay,
+    read_rate_limits,
 )
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -102,3 +104,18 @@ def test_no_headers_and_garbage() -> None:
         {"x-ratelimit-limit-requests": "lots", "x-ratelimit-reset-requests": "later"}, NOW
     )
     assert info.requests == Window(None, None, None)
+
+
+@pytest.mark.parametrize("wrap", [httpx.Headers, dict], ids=["httpx.Headers", "dict"])
+def test_read_rate_limits_finds_either_providers_headers_in_any_case(wrap: type) -> None:
+    openai = wrap({"X-RateLimit-Limit-Requests": "500", "x-ratelimit-remaining-requests": "499"})
+    info = read_rate_limits(openai if wrap is httpx.Headers else _lower(openai))
+    assert info is not None and info.requests.limit == 500 and info.requests.remaining == 499
+    anthropic = wrap({"anthropic-ratelimit-tokens-limit": "80000"})
+    info = read_rate_limits(anthropic)
+    assert info is not None and info.tokens.limit == 80000
+    assert read_rate_limits(wrap({"content-type": "application/json", "x-request-id": "r"})) is None
+
+
+def _lower(headers: dict[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}

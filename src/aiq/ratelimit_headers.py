@@ -109,21 +109,17 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateL
     return RateLimitInfo(window("requests"), window("tokens"))
 
 
-_MARKERS = (
-    "x-ratelimit-limit-requests",
-    "x-ratelimit-limit-tokens",
-    "anthropic-ratelimit-requests-limit",
-    "anthropic-ratelimit-tokens-limit",
-    "x-ratelimit-remaining-requests",
-    "x-ratelimit-remaining-tokens",
-    "anthropic-ratelimit-requests-remaining",
-    "anthropic-ratelimit-tokens-remaining",
-)
+_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+_RAW_PREFIXES = tuple(p.encode() for p in _PREFIXES)
 
 
 def read_rate_limits(headers: Mapping[str, str]) -> RateLimitInfo | None:
     """The rate-limit headers of one response, or None when it carries none (most servers
     that are not OpenAI or Anthropic): a cheap check first, as this runs on every reply."""
-    if not any(name in headers for name in _MARKERS):
+    raw = getattr(headers, "raw", None)  # httpx.Headers: one pass over the bytes, ~1 µs
+    if raw is not None:
+        if not any(k.lower().startswith(_RAW_PREFIXES) for k, _ in raw):
+            return None
+    elif not any(k.lower().startswith(_PREFIXES) for k in headers):
         return None
     return parse_rate_limit_headers(headers, datetime.now(UTC))
