@@ -239,3 +239,32 @@ def test_disk_full_mid_run_stops_keeps_what_was_recorded_and_resume_finishes(
     texts = dict(prompts)
     for custom_id in recorded:  # what was recorded before the disk filled is not sent again
         assert server.count_for(texts[custom_id]) == 1, custom_id
+
+
+# -- files beside the store ---------------------------------------------------------------------
+
+
+def test_log_and_metrics_files_get_their_directories(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "in.jsonl", _prompts(3))
+    args = ["--log-file", "logs/aiq.log", "--metrics-file", "metrics/aiq.prom", "-q"]
+    proc = run_aiq(*_RUN, *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "finished 3" in (tmp_path / "logs" / "aiq.log").read_text()
+    assert "aiq_jobs" in (tmp_path / "metrics" / "aiq.prom").read_text()
+
+
+def test_results_in_a_read_only_directory_lose_nothing(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "in.jsonl", _prompts(4))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        proc = _run_restricted(*_RUN, "--out", "locked/results.jsonl", "-q", cwd=tmp_path)
+    finally:
+        locked.chmod(0o755)
+    _one_error(proc, "locked/results.jsonl: cannot write it (Permission denied)", "nothing is lost")
+    assert list(locked.iterdir()) == []
+    assert _counts(tmp_path, ".aiq/aiq.db")["done"] == 4  # every reply is in the store
+    exported = run_aiq("export", "--out", "locked/results.jsonl", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert len(read_jsonl(locked / "results.jsonl")) == 4

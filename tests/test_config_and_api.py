@@ -58,6 +58,7 @@ def test_every_error_carries_its_exit_code() -> None:
         "UsageError": 2,
         "InputError": 2,
         "StoreError": 2,
+        "OutputError": 2,
         "StoreLocked": 3,
         "FatalProviderError": 4,
         "LimitReached": 5,

@@ -7,6 +7,7 @@ what to do next; the CLI prints it as one ``error: …`` line. Anything else is 
     ├── UsageError           2  bad flag, config or environment
     ├── InputError           2  a bad input file or line (names file, line, field)
     ├── StoreError           2  the database cannot be opened or written
+    ├── OutputError          2  a results, dead-letter, metrics or log file cannot be written
     ├── StoreLocked          3  another run holds the store
     ├── FatalProviderError   4  auth, quota, unknown model, unreachable endpoint
     └── LimitReached         5  a limit the user set stopped the run (resumable)
@@ -31,6 +32,10 @@ class InputError(AiqError):
 
 class StoreError(AiqError):
     """The job store cannot be opened, migrated or written."""
+
+
+class OutputError(AiqError):
+    """A file aiq writes beside the store (results, dead letters, metrics, log) cannot be."""
 
 
 class StoreLocked(AiqError):

@@ -11,10 +11,11 @@ import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, TextIO
 
 import orjson
 
+from .errors import OutputError
 from .store import DEAD, DONE, JobStore, Source
 
 _BUFFER = 1 << 20
@@ -40,7 +41,11 @@ def _request_id(k64: int) -> str:
 
 
 class _AtomicFile:
-    """Write to ``<path>.tmp-<pid>``, fsync, then rename over ``path`` (owner-only, 0600)."""
+    """Write to ``<path>.tmp-<pid>``, fsync, then rename over ``path`` (owner-only, 0600).
+
+    An OSError (a full disk, a read-only directory) becomes an OutputError naming the file;
+    the old file then stays as it was.
+    """
 
     def __init__(self, path: str, *, mode: int = 0o600) -> None:
         self.path = path
@@ -48,23 +53,50 @@ class _AtomicFile:
         self.mode = mode
 
     def __enter__(self) -> IO[bytes]:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
+        try:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
+        except OSError as exc:
+            raise cannot_write(self.path, exc) from exc
         self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
         return self._f
 
-    def __exit__(self, exc_type: object, *rest: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        failed = exc
         try:
-            if exc_type is None:
+            if failed is None:
                 self._f.flush()
                 os.fsync(self._f.fileno())
-        finally:
             self._f.close()
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp)
+            if failed is None:
+                os.replace(self.tmp, self.path)
+        except OSError as err:
+            failed = err
+        if failed is None:
+            return
+        with contextlib.suppress(OSError):
+            self._f.close()  # a no-op unless the close above failed before closing
+            os.unlink(self.tmp)
+        if isinstance(failed, OSError):
+            raise cannot_write(self.path, failed) from failed
+
+
+def cannot_write(path: str | os.PathLike[str], exc: OSError) -> OutputError:
+    """The OutputError for ``exc``, met writing ``path``."""
+    return OutputError(
+        f"{path}: cannot write it ({exc.strerror}); free some space or make its directory "
+        "writable (or choose another path), then run the command again: the store keeps "
+        "everything, so nothing is lost"
+    )
+
+
+def open_log(path: Path) -> TextIO:
+    """Open a log file for appending, creating its directory; OutputError if it cannot be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.open("a", encoding="utf-8")
+    except OSError as exc:
+        raise cannot_write(path, exc) from exc
 
 
 def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
