@@ -49,6 +49,7 @@ class Progress:
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0  # of the replies with a price
+    unpriced: int = 0  # replies whose model has no price: their cost is unknown
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -198,7 +199,7 @@ class Worker:
         covers the time the transaction takes.
         """
         batch, self._pending = self._pending, []
-        sent, self._sent = self._sent, []
+        sent = self._unrecorded_sends(batch)
         room = _AHEAD * self._concurrency - (len(self._claimed) - len(batch))
         if room < self._concurrency:  # claiming a few at a time would cost a commit each
             room = 0
@@ -216,12 +217,20 @@ class Worker:
             self._queue.put_nowait(job)
         return True
 
+    def _unrecorded_sends(self, batch: list[Outcome]) -> list[int]:
+        """Jobs sent since the last cycle whose outcome is not in ``batch``: their attempt is
+        written now. An outcome writes the attempts itself, so a fast reply needs no mark."""
+        sent, self._sent = self._sent, []
+        if sent and batch:
+            recorded = {o.job_id for o in batch}
+            sent = [i for i in sent if i not in recorded]
+        return sent
+
     async def _flush(self) -> None:
         if not self._pending and not self._sent:
             return
         batch, self._pending = self._pending, []
-        sent, self._sent = self._sent, []
-        await self._store.record(batch, sent=sent)
+        await self._store.record(batch, sent=self._unrecorded_sends(batch))
         self._commit_progress(batch)
 
     def _commit_progress(self, batch: list[Outcome]) -> None:
@@ -233,7 +242,10 @@ class Worker:
                 p.done_now += 1
                 p.tokens_in += o.tokens_in or 0
                 p.tokens_out += o.tokens_out or 0
-                p.cost_usd += o.cost_usd or 0.0
+                if o.cost_usd is None:
+                    p.unpriced += 1
+                else:
+                    p.cost_usd += o.cost_usd
             elif o.state == DEAD:
                 p.dead += 1
                 p.dead_now += 1
