@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from pathlib import Path
 
 from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, write_prompts
@@ -49,6 +50,7 @@ def test_cost_per_job_and_per_model_equals_the_usage_priced_by_hand(
     expected = sum(_cost(p) for _, p in priced)
     summary = json.loads(proc.stdout)
     assert math.isclose(summary["cost_usd"], expected, rel_tol=1e-9)
+    assert summary["unpriced"] == 1
     status = _status(tmp_path)
     assert math.isclose(status["cost_usd"], expected, rel_tol=1e-9)
     assert status["unpriced"] == 1  # the other model's job: its cost is unknown, not 0
@@ -133,3 +135,40 @@ def test_max_cost_refuses_a_model_without_a_price(tmp_path: Path, server: FakeSe
     assert proc.returncode == 2
     assert "house-model" in proc.stderr and "prices:" in proc.stderr
     assert server.requests == []
+
+
+def test_a_run_of_an_unpriced_model_says_its_cost_is_unknown_not_zero(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    write_prompts(tmp_path / "p.jsonl", [("a", "hello"), ("b", "bye")])
+
+    proc = run_aiq("run", "p.jsonl", "--base-url", server.base_url, "--model", "house-model",
+                   cwd=tmp_path)  # fmt: skip
+
+    assert proc.returncode == 0, proc.stderr
+    assert "cost unknown" in proc.stdout and "$0" not in proc.stdout
+    assert _status(tmp_path)["cost_usd"] is None
+
+
+def test_a_store_from_before_cost_accounting_is_upgraded_with_its_models(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    (tmp_path / "aiq.yaml").write_text(CONFIG)
+    write_prompts(tmp_path / "p.jsonl", [("a", "hello"), ("b", "bye")])
+    assert run_aiq("run", "p.jsonl", "--base-url", server.base_url, "--model", "m",
+                   cwd=tmp_path).returncode == 0  # fmt: skip
+    db = tmp_path / ".aiq" / "aiq.db"
+    with sqlite3.connect(db) as conn:  # back to the schema of 0001_initial
+        conn.execute("ALTER TABLE jobs DROP COLUMN model")
+        conn.execute("ALTER TABLE jobs DROP COLUMN cost_usd")
+        conn.execute("DELETE FROM migrations WHERE name = '0002_cost'")
+    conn.close()
+
+    check = run_aiq("check", "--provider", "simulated", cwd=tmp_path)
+    assert check.returncode == 0 and "the next run upgrades it" in check.stdout
+    assert run_aiq("add", "p.jsonl", "--model", "m", cwd=tmp_path).returncode == 0  # upgrades
+
+    status = _status(tmp_path)
+    # The model comes back from the bodies; the cost of those replies was never recorded.
+    assert [(m["model"], m["done"], m["unpriced"]) for m in status["models"]] == [("m", 2, 2)]
+    assert status["cost_usd"] is None

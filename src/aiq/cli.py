@@ -233,7 +233,8 @@ def _summary_json(s: runner.RunSummary) -> dict[str, Any]:
         "retries": p.retries,
         "tokens_in": p.tokens_in,
         "tokens_out": p.tokens_out,
-        "cost_usd": p.cost_usd,
+        "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
+        "unpriced": p.unpriced,
         "status": s.stats.as_dict(),
         "outputs": [
             {"input": e.source, "results": e.results_path, "dead": e.dead_path,
@@ -257,7 +258,7 @@ def _summary_lines(s: runner.RunSummary) -> list[str]:
     lines.append(
         f"finished {p.done_now} and dead-lettered {p.dead_now} in "
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {p.retries} retries, "
-        f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, cost {report.usd(p.cost_usd)}"
+        f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, {report.run_cost(p)}"
     )
     lines.append(
         f"store: {c['done']} done, {c['dead']} dead, {c['queued']} queued, "

@@ -6,6 +6,7 @@ from .forecast import Forecast
 from .pricing import PRICES_AS_OF
 from .progress import fmt_duration
 from .store import Stats
+from .worker import Progress
 
 PRICES_NOTE = (
     f"prices: aiq's list prices as of {PRICES_AS_OF} unless the config sets `prices:`; "
@@ -71,6 +72,14 @@ def _eta_line(f: Forecast) -> str:
     if f.tpm:
         parts.append(f"{fmt_duration(f.tokens / f.tpm * 60)} at --tpm {f.tpm:,}")
     return f"eta: at least {fmt_duration(f.eta_s)} ({'; '.join(parts)})"
+
+
+def run_cost(p: Progress) -> str:
+    """``cost $0.0123``, saying how many replies it leaves out for want of a price."""
+    if p.unpriced and p.unpriced >= p.done_now:
+        return "cost unknown (no price for the model: add it under `prices:` in the config)"
+    more = f" + {p.unpriced:,} replies of unknown cost" if p.unpriced else ""
+    return f"cost {usd(p.cost_usd)}{more}"
 
 
 def cost_lines(s: Stats) -> list[str]:
