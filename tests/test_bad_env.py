@@ -7,7 +7,8 @@ Real `aiq` subprocesses on real files. Two conditions need help to arise in a te
 - A full disk: the subprocess runs the real CLI with SQLite's ``max_page_count`` lowered on
   the store's connection once it is open (``_LIMITED``). SQLite then fails the write that
   would grow the database with SQLITE_FULL, "database or disk is full": the very error a
-  full disk (ENOSPC) gives, through the same code in aiq.
+  full disk (ENOSPC) gives, through the same code in aiq. Where the tests may mount a
+  filesystem (root), a real one fills up as well: a small tmpfs, filled mid-run.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import aiq_cmd, aiq_env, read_jsonl, run_aiq, write_prompts
+from conftest import aiq_cmd, aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
 # The real CLI, its store opened with room for only argv[1] more pages.
@@ -239,6 +242,73 @@ def test_disk_full_mid_run_stops_keeps_what_was_recorded_and_resume_finishes(
     texts = dict(prompts)
     for custom_id in recorded:  # what was recorded before the disk filled is not sent again
         assert server.count_for(texts[custom_id]) == 1, custom_id
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 16 MiB filesystem (tmpfs) at ``tmp_path/disk``; skips where none can be mounted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(disk)]
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small filesystem needs root")
+    if subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+def _fill(disk: Path, name: str) -> Path:
+    """Fill ``disk`` to its last byte; returns the file that holds the space."""
+    filler = disk / name
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 1 << 12, 1):  # then smaller writes for what bigger ones left
+            try:
+                while os.write(fd, b"\0" * size):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_really_full_disk_mid_run(tmp_path: Path, small_disk: Path, server: FakeServer) -> None:
+    prompts = _prompts(400)
+    write_prompts(tmp_path / "in.jsonl", prompts)
+    db = str(small_disk / "aiq.db")
+    assert run_aiq("add", "in.jsonl", "--model", "m", "--db", db, cwd=tmp_path).returncode == 0
+    server.latency_s = 0.01
+    args = ["--db", db, "--base-url", server.base_url, "--concurrency", "4", "-q"]
+    proc = start_aiq("resume", *args, cwd=tmp_path, capture=True)
+    deadline = time.monotonic() + 30
+    while len(server.requests) < 100 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    filler = _fill(small_disk, "filler")
+    out, err = proc.communicate(timeout=60)
+
+    full = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    _one_error(full, "aiq.db: database or disk is full", "free some space", "aiq resume")
+    assert run_aiq("export", "--db", db, cwd=tmp_path).returncode == 0  # outputs: not full
+    recorded = {r["custom_id"] for r in read_jsonl(tmp_path / "in.results.jsonl")}
+    assert 0 < len(recorded) < 400
+    # Closing the store may have freed some space: none at all left now, not even for the note
+    # in the lock file.
+    refilled = _fill(small_disk, "filler2")
+    still_full = run_aiq("resume", *args, cwd=tmp_path)
+    _one_error(still_full, "aiq.db: database or disk is full", "free some space")
+    filler.unlink()
+    refilled.unlink()
+    resumed = run_aiq("resume", *args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    results = read_jsonl(tmp_path / "in.results.jsonl")
+    assert sorted(r["custom_id"] for r in results) == sorted(cid for cid, _ in prompts)
+    texts = dict(prompts)
+    assert all(server.count_for(texts[cid]) == 1 for cid in recorded)
 
 
 # -- files beside the store ---------------------------------------------------------------------

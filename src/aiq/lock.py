@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+from contextlib import suppress
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,8 +43,10 @@ class StoreLock:
                     ) from None
                 time.sleep(0.2)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        # Only for the message another run shows: a full disk must not stop this one here.
+        with suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
         return self
 
@@ -59,7 +62,8 @@ class StoreLock:
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            with suppress(OSError):
+                os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing releases the flock
             self._fd = None
 
