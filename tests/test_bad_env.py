@@ -137,9 +137,11 @@ def test_missing_directories_of_a_store_path_are_created(tmp_path: Path) -> None
     proc = run_aiq("add", "in.jsonl", "--model", "m", "--db", "runs/june/aiq.db", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert _counts(tmp_path, "runs/june/aiq.db")["queued"] == 3
-    # Reading commands never create one: a mistyped path is an error, not an empty store.
-    proc = run_aiq("status", "--db", "runs/juen/aiq.db", cwd=tmp_path)
-    _one_error(proc, "runs/juen/aiq.db", "no store here yet")
+    # Commands that carry on with a store never make one: a mistyped path is an error, not
+    # an empty store that "finishes" nothing with exit 0.
+    for args in (["status"], ["export"], _RESUME, ["replay-dead"]):
+        proc = run_aiq(*args, "--db", "runs/juen/aiq.db", cwd=tmp_path)
+        _one_error(proc, "runs/juen/aiq.db: no store here yet", "aiq run FILE")
     assert not (tmp_path / "runs" / "juen").exists()
 
 

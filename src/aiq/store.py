@@ -356,8 +356,8 @@ class JobStore:
         p = Path(path)
         if p.is_dir():
             raise StoreError(f"{p}: is a directory; pass --db a file path, like {p / 'aiq.db'}")
-        if readonly and not p.exists():
-            raise StoreError(f"{p}: no store here yet; run `aiq add FILE` or `aiq run FILE`")
+        if readonly:
+            require_store(p)
         if not readonly:
             _create(p)
         uri = f"file:{p}?mode=ro" if readonly else str(p)
@@ -829,6 +829,13 @@ class JobStore:
             while rows := await cur.fetchmany():
                 for row in rows:
                     yield tuple(row)
+
+
+def require_store(path: str | os.PathLike[str]) -> None:
+    """StoreError unless a store exists at ``path``. Commands that only carry on with one
+    (resume, replay-dead, status) call it first: a mistyped --db must not start a new one."""
+    if not os.path.exists(path):
+        raise StoreError(f"{path}: no store here yet; run `aiq add FILE` or `aiq run FILE`")
 
 
 def _create(p: Path) -> None:
