@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import fake_anthropic
 import pytest
 from aiohttp import web
 from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
@@ -144,24 +145,35 @@ class QuotingGateway:
     async def _handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
         body = json.loads(raw)
-        auth = request.headers.get("Authorization", "")
+        anthropic = request.path == fake_anthropic.PATH
+        error = _anthropic_error if anthropic else _openai_error
+        if anthropic:
+            key = request.headers.get("x-api-key", "")
+        else:
+            key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if key != API_KEY:
+            return error(401, f"Incorrect API key provided: {key}.")
         echo = f"you sent {dict(request.headers)} with {raw.decode()}"
-        if auth != f"Bearer {API_KEY}":
-            key = auth.removeprefix("Bearer ")
-            return _error(401, f"Incorrect API key provided: {key}.", "invalid_api_key")
         prompt = prompt_of(request.path, body)
         if "ECHO400" in prompt:
-            return _error(400, f"Invalid request: {echo}", None)
+            return error(400, f"Invalid request: {echo}")
         if "ECHO500" in prompt:
-            return _error(500, f"Upstream failed: {echo}", None)
+            return error(500, f"Upstream failed: {echo}")
         if "ECHO200" in prompt:
             return web.Response(status=200, text=echo)
+        if anthropic:
+            return web.json_response(fake_anthropic.message_reply(body, prompt, "ok", 1, 1))
         return web.json_response(chat_reply(body, prompt))
 
 
-def _error(status: int, message: str, code: str | None) -> web.Response:
+def _openai_error(status: int, message: str) -> web.Response:
+    code = "invalid_api_key" if status == 401 else None
     body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
     return web.json_response(body, status=status)
+
+
+def _anthropic_error(status: int, message: str) -> web.Response:
+    return web.json_response(fake_anthropic.error_body(status, message), status=status)
 
 
 @pytest.fixture
@@ -170,8 +182,9 @@ def gateway() -> Iterator[QuotingGateway]:
         yield g
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_key_quoted_back_by_the_provider_is_written_nowhere(
-    tmp_path: Path, gateway: QuotingGateway
+    tmp_path: Path, gateway: QuotingGateway, provider: str
 ) -> None:
     prompts = [
         *_prompts(12, every=4, marker="ECHO400", tag="a"),
@@ -179,9 +192,11 @@ def test_key_quoted_back_by_the_provider_is_written_nowhere(
         *_prompts(12, every=4, marker="ECHO200", tag="c"),
     ]
     write_prompts(tmp_path / "batch.jsonl", prompts)
-    args = ["--base-url", gateway.base_url, "--max-attempts", "2", *_outputs_args(tmp_path)]
+    args = ["--base-url", gateway.base_url, "--provider", provider, "--max-attempts", "2",
+            *_outputs_args(tmp_path)]  # fmt: skip
+    key_env = f"{provider.upper()}_API_KEY"
 
-    ran = run_aiq("run", "batch.jsonl", "--model", "m", *args, cwd=tmp_path)
+    ran = run_aiq("run", "batch.jsonl", "--model", "m", *args, cwd=tmp_path, env=_env(key_env))
 
     assert ran.returncode == 1, ran.stderr
     dead = read_jsonl(tmp_path / "batch.dead.jsonl")
@@ -189,12 +204,18 @@ def test_key_quoted_back_by_the_provider_is_written_nowhere(
     # The quoted request is still there, so the message helps; only the key is gone.
     assert all("you sent" in d["error"]["message"] for d in dead), dead
     replayed = run_aiq("replay-dead", cwd=tmp_path)
-    wrong = run_aiq("resume", *args, cwd=tmp_path, env=aiq_env(OPENAI_API_KEY=WRONG_KEY))
+    wrong = run_aiq("resume", *args, cwd=tmp_path, env=_env(key_env, WRONG_KEY))
     assert wrong.returncode == 4, wrong.stderr
-    assert "Incorrect API key provided" in wrong.stderr and "OPENAI_API_KEY" in wrong.stderr
+    assert "Incorrect API key provided" in wrong.stderr and key_env in wrong.stderr
     status = run_aiq("status", cwd=tmp_path)
 
     _assert_no_key_anywhere(tmp_path, [ran, replayed, wrong, status])
+
+
+def _env(key_env: str, key: str = API_KEY) -> dict[str, str]:
+    env = aiq_env(**{key_env: key})
+    env.pop("ANTHROPIC_BASE_URL", None)
+    return env
 
 
 # -- owner-only files ------------------------------------------------------------------------
