@@ -44,13 +44,16 @@ def test_cost_per_job_and_per_model_equals_the_usage_priced_by_hand(
         f.write(json.dumps(other) + "\n")
 
     proc = run_aiq("run", "p.jsonl", "--base-url", server.base_url, "--model", "m", "--json",
-                   cwd=tmp_path)  # fmt: skip
+                   "--metrics-file", "aiq.prom", cwd=tmp_path)  # fmt: skip
 
     assert proc.returncode == 0, proc.stderr
     expected = sum(_cost(p) for _, p in priced)
     summary = json.loads(proc.stdout)
     assert math.isclose(summary["cost_usd"], expected, rel_tol=1e-9)
     assert summary["unpriced"] == 1
+    metrics = (tmp_path / "aiq.prom").read_text()
+    (cost_line,) = [x for x in metrics.splitlines() if x.startswith("aiq_cost_usd_total ")]
+    assert math.isclose(float(cost_line.split()[1]), expected, rel_tol=1e-6)
     status = _status(tmp_path)
     assert math.isclose(status["cost_usd"], expected, rel_tol=1e-9)
     assert status["unpriced"] == 1  # the other model's job: its cost is unknown, not 0

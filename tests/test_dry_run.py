@@ -99,3 +99,14 @@ def test_a_file_without_a_valid_line_exits_2(tmp_path: Path) -> None:
 
     assert proc.returncode == 2
     assert "no valid line" in proc.stderr
+
+
+def test_strict_refuses_a_file_with_an_invalid_line_as_run_would(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text(_line("a", "fine") + "nope\n")
+
+    lenient = run_aiq("run", "p.jsonl", "--dry-run", "--model", "m", cwd=tmp_path)
+    strict = run_aiq("run", "p.jsonl", "--dry-run", "--strict", "--model", "m", cwd=tmp_path)
+
+    assert lenient.returncode == 0, lenient.stderr
+    assert strict.returncode == 2
+    assert "--strict" in strict.stderr and "p.jsonl:2" in strict.stderr

@@ -46,6 +46,7 @@ class CostMeter:
         spent_usd: float = 0.0,
     ) -> None:
         self._prices = prices
+        self._by_model: dict[str | None, Price | None] = {}  # price_for, once per model
         self.cap_usd = cap_usd
         self.spent_usd = spent_usd  # by the store before this run, plus this run's replies
         self.reached = False  # the cap stopped the run
@@ -63,7 +64,11 @@ class CostMeter:
         except (orjson.JSONDecodeError, AttributeError):
             model = None
         model = model if isinstance(model, str) else None
-        charge = Charge(model, price_for(model, self._prices))
+        if model in self._by_model:
+            price = self._by_model[model]
+        else:
+            price = self._by_model[model] = price_for(model, self._prices)
+        charge = Charge(model, price)
         if self.cap_usd is not None and charge.price is not None:
             cost = tokens.estimate(body)
             ratio = max(1.0, self._real_in / self._est_in) if self._est_in else 1.0

@@ -379,10 +379,12 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
                 forecast.done_before += len(done)
                 fresh = [(k, r) for k, r in fresh if k not in done]
             counter.count(r for _, r in fresh)
-    if forecast.invalid and not forecast.valid:
+    if forecast.invalid and (config.strict or not forecast.valid):  # run would refuse it
         first = "\n".join(f"  {b}" for b in forecast.bad_lines[:5])
-        raise InputError(
-            f"{path}: no valid line in {forecast.invalid} (first ones below); "
-            f"fix the file and run again:\n{first}"
+        why = (
+            f"{forecast.invalid} invalid line(s), and --strict refuses the file"
+            if forecast.valid
+            else f"no valid line in {forecast.invalid}"
         )
+        raise InputError(f"{path}: {why} (first ones below); fix it and run again:\n{first}")
     return forecast
