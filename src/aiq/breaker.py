@@ -61,14 +61,18 @@ class CircuitBreaker:
         self._probing = True
         return 0.0
 
-    def record(self, outage_like: bool) -> None:
-        """The outcome of a call: ``outage_like`` if it failed as a down provider fails."""
+    def record(self, outage_like: bool, *, probe: bool = False) -> None:
+        """The outcome of a call: ``outage_like`` if it failed as a down provider fails;
+        ``probe`` if it was the call ``admit()`` let out while open (the caller knows: it is
+        the one that saw ``is_open`` when admitted)."""
         if self.opened_at is not None:
             if not outage_like:  # the provider answered (the probe, or a call from before)
                 self._close()
                 return
-            if not self._probing:
-                return  # a call sent before it opened failed too: the probes decide now
+            if not probe:
+                # A call sent before it opened failed too: only the probe's answer counts,
+                # or a second probe would go out while the first is still in flight.
+                return
             self._probing = False
             self._probes += 1
             # Waits of base, 2 base, 4 base … from the opening on; the exponent is bounded

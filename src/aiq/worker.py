@@ -126,6 +126,7 @@ class Worker:
         self._more_due = True
         self._gate = asyncio.Condition()  # senders over the allowed concurrency wait here
         self._active = 0  # senders past the gate
+        self._probe_jobs: set[int] = set()  # jobs sent as the breaker's probe
         self._latency_s = 0.0  # moving average of answered requests, for auto concurrency
         self._sized_at = 0.0
 
@@ -273,7 +274,7 @@ class Worker:
     async def _send(self, job: Job) -> None:
         """Wait for the provider and the budget, then send (released back to queued by run()
         if stopped meanwhile, or if the job would pass --max-cost)."""
-        if not await self._provider_up():
+        if not await self._provider_up(job):
             return
         charge = self.costs.charge(job.body)
         if not await self.costs.admit(charge):
@@ -322,8 +323,9 @@ class Worker:
             await self._gate.wait_for(lambda: self._stop or self._active < self._concurrency)
             self._active += 1
 
-    async def _provider_up(self) -> bool:
-        """Wait while the circuit breaker is open; False if the run stops meanwhile."""
+    async def _provider_up(self, job: Job) -> bool:
+        """Wait while the circuit breaker is open; False if the run stops meanwhile. A job
+        let out while it is open is its probe: only the probe's failure counts while open."""
         breaker = self._breaker
         while (wait := breaker.admit()) > 0:
             self.progress.outage_s = breaker.outage_s()
@@ -333,6 +335,8 @@ class Worker:
                 return False
             await asyncio.sleep(min(wait, 0.5))
         self.progress.outage_s = breaker.outage_s()
+        if breaker.is_open:
+            self._probe_jobs.add(job.id)
         return not self._stop
 
     def _give_up_on_provider(self) -> None:
@@ -390,6 +394,7 @@ class Worker:
         finished = time.time()
         self._limiter.observe(reply.limits, ticket)
         self._limiter.settle(ticket, reply.tokens_in)
+        self._probe_jobs.discard(job.id)
         self._breaker.record(outage_like=False)
         if self._auto:
             self._resize(finished - started)
@@ -423,7 +428,9 @@ class Worker:
         if rate_limited:
             limiter.refund(ticket)  # a 429 is not counted against the limits
         outage_like = err.error_type in OUTAGE_ERRORS
-        self._breaker.record(outage_like)
+        probe = job.id in self._probe_jobs
+        self._probe_jobs.discard(job.id)
+        self._breaker.record(outage_like, probe=probe)
         own_fault = not (err.fatal or rate_limited or (outage_like and self._breaker.is_open))
         out = Outcome(
             job.id,
