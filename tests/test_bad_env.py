@@ -303,6 +303,10 @@ def test_a_really_full_disk_mid_run(tmp_path: Path, small_disk: Path, server: Fa
     refilled = _fill(small_disk, "filler2")
     still_full = run_aiq("resume", *args, cwd=tmp_path)
     _one_error(still_full, "aiq.db: database or disk is full", "free some space")
+    out = small_disk / "results.jsonl"
+    export = run_aiq("export", "--db", db, "--out", str(out), cwd=tmp_path)
+    _one_error(export, "results.jsonl: cannot write it (No space left on device)")
+    assert not out.exists() and not list(small_disk.glob("results.jsonl.tmp-*"))
     filler.unlink()
     refilled.unlink()
     resumed = run_aiq("resume", *args, cwd=tmp_path)

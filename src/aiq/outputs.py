@@ -76,6 +76,7 @@ class _AtomicFile:
             return
         with contextlib.suppress(OSError):
             self._f.close()  # a no-op unless the close above failed before closing
+        with contextlib.suppress(OSError):
             os.unlink(self.tmp)
         if isinstance(failed, OSError):
             raise cannot_write(self.path, failed) from failed
