@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiq.limiter import HEADROOM, WINDOW_S, Budget, RateLimiter, RequestTooLarge
+from aiq.limiter import HEADROOM, WINDOW_S, Budget, Limiters, RateLimiter, RequestTooLarge
 from aiq.ratelimit_headers import RateLimitInfo, Window
 
 
@@ -243,3 +243,34 @@ def test_max_in_window_helper_counts_like_the_fake_server() -> None:
     # (t - 1, t]: requests exactly one second apart are never in the same window.
     assert max_in_window([0.0, 1.0, 2.0], [1, 1, 1], 1.0) == 1
     assert max_in_window([0.0, 0.5, 0.99], [1, 1, 1], 1.0) == 3
+
+
+def test_each_model_has_its_own_limiter_with_its_own_limits() -> None:
+    clock = FakeClock()
+    limiters = Limiters(
+        rpm=600,
+        per_model={"small": (60, None)},
+        make=lambda r, t: RateLimiter(rpm=r, tpm=t, clock=clock, sleep=clock.sleep),
+    )
+    big, small = limiters.for_model("big"), limiters.for_model("small")
+    assert big is limiters.for_model("big") and big is not small
+    assert (big.limits.rpm, small.limits.rpm) == (600, 60)
+    assert limiters.for_model(None).limits.rpm == 600  # a body without a model
+    # A 429 on one model pauses that model only.
+    small.pause(30.0)
+    start = clock.now
+    drain(big, clock, 2)
+    assert clock.now - start < 1.0
+    assert limiters.requests_per_s() == pytest.approx((600 + 60 + 600) * HEADROOM / 60)
+
+
+def test_limiters_before_any_request_say_what_the_configured_limits_allow() -> None:
+    assert Limiters().requests_per_s() is None and not Limiters().any_limit
+    assert Limiters(rpm=600).requests_per_s() == pytest.approx(600 * HEADROOM / 60)
+    assert Limiters(per_model={"m": (None, 1000)}).any_limit
+
+
+def test_a_shared_limiter_serves_every_model() -> None:
+    one = RateLimiter()
+    limiters = Limiters.shared(one)
+    assert limiters.for_model("a") is one and limiters.for_model("b") is one

@@ -168,3 +168,27 @@ def test_a_provider_down_longer_than_max_outage_stops_the_run_resumably(tmp_path
     assert elapsed < 15
     status = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
     assert status["counts"]["queued"] == 50  # nothing dead, nothing lost
+
+
+def test_each_model_keeps_to_its_own_limit_in_one_run(tmp_path: Path) -> None:
+    lines = [
+        json.dumps({"custom_id": f"{model}{i}", "model": model, "prompt": f"{model} prompt {i}"})
+        for i in range(40)
+        for model in ("slow", "fast")
+    ]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "aiq.yaml").write_text("model_limits:\n  slow: {rpm: 600}\n")  # 10/s
+    with FakeServer(latency_s=0.02) as server:
+        done = run_aiq("run", "m.jsonl", "--base-url", server.base_url, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        sent = posts(server)
+    by_model = {
+        m: sorted(r.received for r in sent if r.body["model"] == m) for m in ("slow", "fast")
+    }
+    assert len(by_model["slow"]) == len(by_model["fast"]) == 40
+    slow = by_model["slow"]
+    assert slow[-1] - slow[0] >= 39 * 0.1  # 600/min, paced (at 98%: 0.102 s apart)
+    # No one-second window holds more than 10, give or take one or two sent a little late.
+    assert max(sum(t - 1 < u <= t for u in slow) for t in slow) <= 12
+    # The fast model is not held back by the slow one's limit: done before it is half done.
+    assert by_model["fast"][-1] < slow[len(slow) // 2]

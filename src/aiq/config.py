@@ -61,6 +61,8 @@ class Config:
     max_outage_s: float = 600.0  # how long to wait for a provider that is down; then exit 4
     max_runtime_s: float | None = None  # stop claiming after this long; exit 5, resumable
     max_cost_usd: float | None = None  # stop claiming before spending more; exit 5, resumable
+    # Per-model rate limits ({model: {rpm:, tpm:}}); other models get rpm / tpm above.
+    model_limits: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     # USD per 1M tokens by model, over pricing.DEFAULT_PRICES ({model: {input:, output:}}).
     prices: Mapping[str, Price] = field(default_factory=dict)
     metrics_file: str | None = None  # Prometheus textfile, rewritten during and after a run
@@ -104,6 +106,7 @@ class Config:
                 object.__setattr__(self, "prices", parse_prices(self.prices))
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
+        object.__setattr__(self, "model_limits", _model_limits(self.model_limits))
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise UsageError("timeouts must be positive")
         if self.order not in ("done", "input"):
@@ -171,6 +174,24 @@ class Config:
     def with_(self, **changes: Any) -> Config:
         """A copy with some fields changed."""
         return replace(self, **changes)
+
+
+def _model_limits(value: Any) -> dict[str, tuple[int | None, int | None]]:
+    """``{model: {rpm: N, tpm: N}}`` from the config file (or already parsed) as tuples."""
+    if not isinstance(value, Mapping):
+        raise UsageError("model_limits: expected a mapping of model: {rpm: N, tpm: N}")
+    out: dict[str, tuple[int | None, int | None]] = {}
+    for model, limits in value.items():
+        if isinstance(limits, tuple):
+            out[str(model)] = limits
+            continue
+        if not isinstance(limits, Mapping) or set(limits) - {"rpm", "tpm"}:
+            raise UsageError(f"model_limits: {model}: expected {{rpm: N, tpm: N}}, got {limits!r}")
+        for key, n in limits.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                raise UsageError(f"model_limits: {model}: {key} must be a positive whole number")
+        out[str(model)] = (limits.get("rpm"), limits.get("tpm"))
+    return out
 
 
 _FILE_KEYS = {f.name for f in fields(Config)} - {"api_key"}

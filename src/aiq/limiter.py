@@ -25,7 +25,7 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from .ratelimit_headers import RateLimitInfo, Window
@@ -161,6 +161,7 @@ class Ticket:
 
     prompt_estimate: int
     reserved: int
+    limiter: RateLimiter  # the one that booked it
     request: _Entry | None = None
     tokens: _Entry | None = None
     cost: float = 0.0
@@ -242,7 +243,7 @@ class RateLimiter:
 
         Raises RequestTooLarge when its token cost exceeds the whole tokens-per-minute limit.
         """
-        ticket = Ticket(prompt_tokens, reserved)
+        ticket = Ticket(prompt_tokens, reserved, self)
         while True:
             now = self._clock()
             at = self._book(ticket, now)
@@ -307,3 +308,52 @@ class RateLimiter:
                     self._tokens = budget
                 self.learned = True
             budget.sync(now, window, sent_at)
+
+
+class Limiters:
+    """One RateLimiter per model: providers limit each model on its own, and report each
+    model's limits in its own replies' headers. A model named in ``per_model`` gets those
+    limits; any other gets ``rpm`` / ``tpm``; unlimited ones may learn theirs from headers."""
+
+    def __init__(
+        self,
+        *,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        per_model: Mapping[str, tuple[float | None, float | None]] | None = None,
+        make: Callable[[float | None, float | None], RateLimiter] | None = None,
+    ) -> None:
+        self._default = (rpm, tpm)
+        self._per_model = dict(per_model or {})
+        self._make = make or (lambda r, t: RateLimiter(rpm=r, tpm=t))
+        self._by_model: dict[str | None, RateLimiter] = {}
+
+    @classmethod
+    def shared(cls, limiter: RateLimiter) -> Limiters:
+        """Every model under one limiter (tests, and callers that pass their own)."""
+        limiters = cls()
+        limiters._make = lambda r, t: limiter
+        return limiters
+
+    def for_model(self, model: str | None) -> RateLimiter:
+        limiter = self._by_model.get(model)
+        if limiter is None:
+            rpm, tpm = self._per_model.get(model or "", self._default)
+            limiter = self._by_model[model] = self._make(rpm, tpm)
+        return limiter
+
+    def requests_per_s(self) -> float | None:
+        """The pace all models' limits allow together (None while none is known)."""
+        rates = [r for lim in set(self._by_model.values()) if (r := lim.requests_per_s())]
+        if rates:
+            return sum(rates)
+        # Before any reply: what the configured request limits say.
+        configured = [r for r, _ in (self._default, *self._per_model.values()) if r]
+        return max(configured) * HEADROOM / 60.0 if configured else None
+
+    @property
+    def any_limit(self) -> bool:
+        """Whether any limit is known, configured or learned."""
+        if any(r or t for r, t in (self._default, *self._per_model.values())):
+            return True
+        return any(lim.limits.rpm or lim.limits.tpm for lim in self._by_model.values())

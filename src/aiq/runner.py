@@ -29,7 +29,7 @@ from .errors import (
 )
 from .forecast import Forecast, Forecaster
 from .inputs import read_requests
-from .limiter import RateLimiter
+from .limiter import Limiters
 from .lock import StoreLock
 from .metrics import MetricsWriter
 from .outputs import Export, export_source
@@ -38,7 +38,7 @@ from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
-from .store import EnqueueCounts, JobStore, Source, Stats
+from .store import EnqueueCounts, JobStore, Source, Stats, require_store
 from .transport import AiohttpTransport
 from .worker import Progress, RetryPolicy, Worker
 
@@ -178,6 +178,8 @@ async def run_batch(
     nothing is due, then exports every input file's results and dead letters.
     """
     started = time.monotonic()
+    if input_path is None:
+        require_store(config.db)  # resume
     with StoreLock(config.db, wait_s=lock_wait_s):
         async with open_store(config) as store:
             added = None
@@ -194,7 +196,7 @@ async def run_batch(
                 provider,
                 concurrency=config.fixed_concurrency,
                 max_concurrency=config.max_concurrency,
-                limiter=RateLimiter(rpm=config.rpm, tpm=config.tpm),
+                limiter=Limiters(rpm=config.rpm, tpm=config.tpm, per_model=config.model_limits),
                 # Probing a down provider every 10 s at most: one request, and a run resumes
                 # within 10 s of the provider coming back.
                 breaker=CircuitBreaker(probe_cap_s=10.0),
@@ -350,6 +352,7 @@ async def replay_dead(
     config: Config, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
 ) -> int:
     """``aiq replay-dead``: dead jobs back to queued, attempts reset; returns how many."""
+    require_store(config.db)
     async with open_store(config) as store:
         return await store.replay_dead(error_type=error_type, custom_ids=custom_ids)
 

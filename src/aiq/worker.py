@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from . import backoff, tokens
 from .breaker import OUTAGE_ERRORS, CircuitBreaker
 from .costs import Charge, CostMeter
-from .limiter import RateLimiter, RequestTooLarge, Ticket
+from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError
 from .store import DEAD, DONE, QUEUED, Job, JobStore, Outcome
 
@@ -97,7 +97,7 @@ class Worker:
         *,
         concurrency: int | None,
         max_concurrency: int = 256,
-        limiter: RateLimiter | None = None,
+        limiter: RateLimiter | Limiters | None = None,
         breaker: CircuitBreaker | None = None,
         retry: RetryPolicy = RetryPolicy(),
         progress: Progress | None = None,
@@ -107,7 +107,9 @@ class Worker:
         self._provider = provider
         self._auto = concurrency is None
         self._senders = max_concurrency if concurrency is None else concurrency
-        self._limiter = limiter or RateLimiter()
+        if isinstance(limiter, RateLimiter):
+            limiter = Limiters.shared(limiter)
+        self._limiters = limiter or Limiters()
         self._concurrency = concurrency or self._auto_size(_ASSUMED_LATENCY_S)  # may send now
         self._breaker = breaker or CircuitBreaker()
         self._retry = retry
@@ -126,6 +128,7 @@ class Worker:
         self._more_due = True
         self._gate = asyncio.Condition()  # senders over the allowed concurrency wait here
         self._active = 0  # senders past the gate
+        self._pacing = 0  # of those, how many wait in a rate limiter
         self._probe_jobs: set[int] = set()  # jobs sent as the breaker's probe
         self._latency_s = 0.0  # moving average of answered requests, for auto concurrency
         self._sized_at = 0.0
@@ -293,7 +296,7 @@ class Worker:
             self._finish(self._too_large(job, exc))
             return
         if self._stop:
-            self._limiter.refund(ticket)
+            ticket.limiter.refund(ticket)
             return  # stopped while the limiter held us (a 429 pause): not sent
         progress = self.progress
         progress.in_flight += 1
@@ -311,16 +314,27 @@ class Worker:
             self._wake.set()
 
     async def _acquire(self, job: Job) -> Ticket:
-        if not self._limiter.counts_tokens:
-            return await self._limiter.acquire()
-        cost = tokens.estimate(job.body)
-        return await self._limiter.acquire(cost.prompt, cost.reserved)
+        limiter = self._limiters.for_model(tokens.model_of(job.body))
+        cost = tokens.estimate(job.body) if limiter.counts_tokens else tokens.NO_COST
+        if not self._auto:
+            return await limiter.acquire(cost.prompt, cost.reserved)
+        # A sender waiting for its model's limiter is not in flight: it lets another sender
+        # through the gate, so one model's slow limit does not hold up the others' jobs.
+        self._pacing += 1
+        async with self._gate:
+            self._gate.notify()
+        try:
+            return await limiter.acquire(cost.prompt, cost.reserved)
+        finally:
+            self._pacing -= 1
 
     async def _wait_turn(self) -> None:
         """--concurrency auto: wait while as many senders as allowed are busy (waiting for
         the limiter counts: a sender there has its request as good as in flight)."""
         async with self._gate:
-            await self._gate.wait_for(lambda: self._stop or self._active < self._concurrency)
+            await self._gate.wait_for(
+                lambda: self._stop or self._active - self._pacing < self._concurrency
+            )
             self._active += 1
 
     async def _provider_up(self, job: Job) -> bool:
@@ -359,7 +373,7 @@ class Worker:
             return
         self._sized_at = now
         wanted = (
-            self._auto_size(self._latency_s) if self._limiter.requests_per_s() else _AUTO_FALLBACK
+            self._auto_size(self._latency_s) if self._limiters.requests_per_s() else _AUTO_FALLBACK
         )
         if wanted != self._concurrency:
             self._concurrency = self.progress.concurrency = wanted
@@ -370,14 +384,9 @@ class Worker:
         reply's headers may tell them, and until then a burst could break a per-second limit.
         With a limit but no rate yet (tokens/min, before a request's cost is known), plenty:
         the limiter keeps the pace."""
-        rate = self._limiter.requests_per_s()
+        rate = self._limiters.requests_per_s()
         if rate is None:
-            limits = self._limiter.limits
-            return (
-                1
-                if limits.rpm is None and limits.tpm is None
-                else min(self._senders, _AUTO_FALLBACK)
-            )
+            return min(self._senders, _AUTO_FALLBACK) if self._limiters.any_limit else 1
         # A quarter more than the mean needs, for latency's spread; two for the ramp.
         return max(1, min(self._senders, math.ceil(rate * latency_s * 1.25) + 2))
 
@@ -392,8 +401,9 @@ class Worker:
         except ProviderError as err:
             return self._failure(job, err, started, ticket)
         finished = time.time()
-        self._limiter.observe(reply.limits, ticket)
-        self._limiter.settle(ticket, reply.tokens_in)
+        limiter = ticket.limiter
+        limiter.observe(reply.limits, ticket)
+        limiter.settle(ticket, reply.tokens_in)
         self._probe_jobs.discard(job.id)
         self._breaker.record(outage_like=False)
         if self._auto:
@@ -422,7 +432,7 @@ class Worker:
         down (the breaker is open).
         """
         now = time.time()
-        limiter = self._limiter
+        limiter = ticket.limiter
         limiter.observe(err.limits, ticket)
         rate_limited = err.error_type == "rate_limit"
         if rate_limited:
