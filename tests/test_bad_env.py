@@ -195,6 +195,19 @@ def test_unusable_store_file_is_reported_and_left_alone(
     assert _digest(db) == before
 
 
+def test_store_damaged_past_its_schema_is_reported_and_left_alone(tmp_path: Path) -> None:
+    # It opens, and fails only when the damaged pages are read (what it wrote before that,
+    # it may keep: the file is not left byte for byte as it was).
+    write_prompts(tmp_path / "in.jsonl", _prompts(300))
+    assert run_aiq(*_ADD, cwd=tmp_path).returncode == 0
+    db = tmp_path / ".aiq" / "aiq.db"
+    with db.open("r+b") as f:
+        f.seek(-10 * 4096, os.SEEK_END)
+        f.write(b"\xa5" * 10 * 4096)
+    for args in (_RUN, _RESUME):
+        _one_error(run_aiq(*args, cwd=tmp_path), ".aiq/aiq.db: ", "the store is damaged")
+
+
 def test_store_written_by_a_newer_aiq_is_refused_untouched(tmp_path: Path) -> None:
     write_prompts(tmp_path / "in.jsonl", _prompts(3))
     assert run_aiq("add", "in.jsonl", "--model", "m", cwd=tmp_path).returncode == 0

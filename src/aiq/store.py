@@ -873,6 +873,8 @@ _ADVICE = {
 def store_error(path: Path, exc: sqlite3.Error) -> StoreError:
     """The StoreError a user sees for ``exc``, an SQLite error on the store at ``path``."""
     code = getattr(exc, "sqlite_errorcode", -1) & 0xFF
+    if str(exc).startswith("Could not decode to UTF-8"):  # Python's, on a garbled text cell
+        code = sqlite3.SQLITE_CORRUPT
     advice = _ADVICE.get(code, "run the command again with --traceback and report it")
     return StoreError(f"{path}: {exc}; {advice}")
 
