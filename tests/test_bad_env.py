@@ -37,9 +37,9 @@ from aiq.cli import main
 extra_pages = int(sys.argv.pop(1))
 real_open = aiq.store.JobStore.open.__func__
 
-async def open_with_little_room(cls, path, *, readonly=False):
-    store = await real_open(cls, path, readonly=readonly)
-    if not readonly:
+async def open_with_little_room(cls, path, **options):
+    store = await real_open(cls, path, **options)
+    if not options.get("readonly"):
         ((pages,),) = await store._db.execute_fetchall("PRAGMA page_count")
         await store._db.execute(f"PRAGMA max_page_count = {pages + extra_pages}")
     return store
