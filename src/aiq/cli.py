@@ -21,6 +21,7 @@ from rich.console import Console
 from . import preflight, report, runner
 from .config import Config
 from .errors import AiqError
+from .outputs import open_log
 from .progress import LiveProgress, PlainProgress, fmt_duration
 from .store import EnqueueCounts, Stats
 
@@ -166,7 +167,7 @@ class _Display:
 
     def __init__(self, quiet: bool, as_json: bool, log_file: Path | None) -> None:
         self.as_json = as_json
-        self._log = log_file.open("a", encoding="utf-8") if log_file else None
+        self._log = open_log(log_file) if log_file else None
         shows: list[Any] = []
         if not (quiet or as_json):
             shows.append(LiveProgress(_console()) if _fancy() else PlainProgress(sys.stderr))

@@ -15,7 +15,7 @@ import orjson
 
 from ..ratelimit_headers import read_rate_limits
 from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
-from .base import ProviderError, Reply, classify_status, fatal_hint, retry_after_s
+from .base import ProviderError, Reply, classify_status, fatal_hint, redact, retry_after_s
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicProvider"]
 
@@ -61,6 +61,7 @@ class AnthropicProvider:
         }
         if api_key:
             headers["x-api-key"] = api_key
+        self._secret = api_key.encode() if api_key else None
         self._headers = httpx.Headers(headers)
         self._extensions: dict[str, Any] = {
             "timeout": {
@@ -92,7 +93,7 @@ class AnthropicProvider:
         try:
             resp = await self._transport.handle_async_request(request)
             try:
-                raw = await resp.aread()
+                raw = redact(await resp.aread(), self._secret)
             finally:
                 await resp.aclose()
         except httpx.TimeoutException as exc:

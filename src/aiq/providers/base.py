@@ -79,6 +79,15 @@ class Provider(Protocol):
     async def send(self, endpoint: str, body: bytes) -> Reply: ...
 
 
+def redact(content: bytes, secret: bytes | None) -> bytes:
+    """What a server sent, with ``secret`` (the API key) cut out. Some servers quote the key
+    back ("Incorrect API key provided: sk-…") or echo the request, headers and all, in an
+    error; aiq stores and prints what servers say, and must never store or print the key."""
+    if secret and secret in content:
+        return content.replace(secret, b"[redacted]")
+    return content
+
+
 def classify_status(status: int, message: str, code: str | None = None) -> tuple[str, bool, bool]:
     """(error type, retryable, fatal) for an HTTP error status and the provider's message."""
     lowered = message.lower()

@@ -9,7 +9,7 @@ import httpx
 import orjson
 
 from ..ratelimit_headers import read_rate_limits
-from .base import ProviderError, Reply, classify_status, fatal_hint, retry_after_s
+from .base import ProviderError, Reply, classify_status, fatal_hint, redact, retry_after_s
 
 _EXPECTED = {"/v1/embeddings": "data"}  # the key a well-formed reply must carry
 
@@ -54,6 +54,7 @@ class OpenAIProvider:
         }
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
+        self._secret = api_key.encode() if api_key else None
         # One normalised Headers, copied by each Request: cheaper than a dict re-encoded each time.
         self._headers = httpx.Headers(headers)
         self._extensions: dict[str, Any] = {
@@ -95,7 +96,7 @@ class OpenAIProvider:
         try:
             resp = await self._transport.handle_async_request(request)
             try:
-                content = await resp.aread()
+                content = redact(await resp.aread(), self._secret)
             finally:
                 await resp.aclose()
         except httpx.TimeoutException as exc:
