@@ -14,12 +14,14 @@ from .errors import (
     InputError,
     Interrupted,
     LimitReached,
+    OutputError,
     StoreError,
     StoreLocked,
     UsageError,
 )
 from .forecast import Forecast
 from .inputs import BadLine, Defaults, Request, read_requests
+from .limiter import Limiters, RateLimiter
 from .outputs import Export, export_source
 from .preflight import CheckReport, Finding, run_checks
 from .pricing import DEFAULT_PRICES, PRICES_AS_OF, Price
@@ -57,11 +59,14 @@ __all__ = [
     "Interrupted",
     "JobStore",
     "LimitReached",
+    "Limiters",
     "ModelUsage",
     "OpenAIProvider",
+    "OutputError",
     "Price",
     "Progress",
     "ProviderError",
+    "RateLimiter",
     "Reply",
     "Request",
     "RetryPolicy",
