@@ -40,7 +40,7 @@ def test_requests_per_minute_used_to_the_full_without_429s(
 ) -> None:
     rpm, n = 12_000, 1_200  # 200/s: 6 s of quota
     write_prompts(tmp_path / "p.jsonl", [(f"r{i}", f"rate prompt {i}") for i in range(n)])
-    with FakeServer(rpm=rpm, limit_window_s=window_s, latency_s=0.1) as server:
+    with FakeServer(rpm=rpm, limit_window_s=window_s, latency_s=0.05) as server:
         args = ["--base-url", server.base_url, "--model", "m"]
         if told:
             args += ["--rpm", str(rpm)]
