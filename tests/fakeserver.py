@@ -175,7 +175,18 @@ def prompt_of(path: str, body: Any) -> str:
         return ""
     if path.endswith("/embeddings"):
         return _as_text(body.get("input"))
+    if path.endswith("/responses"):
+        return _response_input(body.get("input"))
     return _as_text(body.get("prompt"))
+
+
+def _response_input(value: Any) -> str:
+    """A /v1/responses ``input``: a string, or input items (messages) with their content."""
+    if isinstance(value, list):
+        return "\n".join(
+            _content_text(item.get("content")) for item in value if isinstance(item, dict)
+        )
+    return value if isinstance(value, str) else ""
 
 
 def _all_text(path: str, body: Any) -> str:
@@ -254,6 +265,38 @@ def embedding_reply(body: dict, prompt: str) -> dict:
     }
 
 
+def responses_reply(body: dict, prompt: str) -> dict:
+    """A Response (the Responses API) answering ``prompt``."""
+    text = reply_text(prompt)
+    usage = _usage(prompt, text)
+    return {
+        "id": _response_id("resp_", prompt),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": body.get("model") or MODEL,
+        "output": [
+            {
+                "type": "message",
+                "id": _response_id("msg_", prompt),
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage["total_tokens"],
+        },
+    }
+
+
 def message_reply(body: dict, prompt: str) -> dict:
     """An Anthropic Message answering ``prompt``, its usage counted as OpenAI's is."""
     text = reply_text(prompt)
@@ -265,6 +308,7 @@ _BUILDERS = {
     "/v1/chat/completions": chat_reply,
     "/v1/completions": completion_reply,
     "/v1/embeddings": embedding_reply,
+    "/v1/responses": responses_reply,
     anthropic.PATH: message_reply,
 }
 
@@ -313,7 +357,7 @@ def malformed_body(payload: dict, *, truncate: bool) -> bytes:
     if truncate:
         encoded = orjson.dumps(payload)
         return encoded[: len(encoded) // 2]  # an object without its closing brace never parses
-    lost = ("choices", "data", "content")
+    lost = ("choices", "data", "content", "output")
     return orjson.dumps({k: v for k, v in payload.items() if k not in lost})
 
 

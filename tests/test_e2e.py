@@ -12,6 +12,7 @@ from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, start_aiq, write_pro
 from fakeserver import FakeServer
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 
 def _prompts(n: int, *, fail_every: int = 0, tag: str = "p") -> list[tuple[str, str]]:
@@ -241,6 +242,8 @@ def test_batch_api_lines_reach_each_endpoint_and_results_match_openai_types(
          "body": {"model": "gpt-3.5-turbo-instruct", "prompt": "once upon", "max_tokens": 5}},
         {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings",
          "body": {"model": "text-embedding-3-small", "input": "vector me"}},
+        {"custom_id": "resp", "method": "POST", "url": "/v1/responses",
+         "body": {"model": "gpt-4o-mini", "input": "respond to me", "max_output_tokens": 16}},
     ]  # fmt: skip
     (tmp_path / "api.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
@@ -255,6 +258,9 @@ def test_batch_api_lines_reach_each_endpoint_and_results_match_openai_types(
     )
     assert Completion.model_validate(by_id["comp"]).choices[0].text
     assert CreateEmbeddingResponse.model_validate(by_id["emb"]).data[0].embedding
+    assert Response.model_validate(by_id["resp"]).output_text == server.reply_text("respond to me")
     assert sorted(r.path for r in server.requests) == [
-        "/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+        "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
     ]  # fmt: skip
+    status = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
+    assert status["tokens_in"] > 0 and status["tokens_out"] > 0  # usage read on every endpoint

@@ -215,6 +215,11 @@ BAD_LINES = [
     ('{"url": "/v1/chat/completions", "body": {}}', "field 'body.messages': expected a non-empty"),
     ('{"url": "/v1/completions", "body": {"model": "m"}}', "field 'body.prompt': missing"),
     ('{"url": "/v1/embeddings", "body": {"model": "m"}}', "field 'body.input': missing"),
+    ('{"url": "/v1/responses", "body": {"model": "m"}}', "field 'body.input': missing"),
+    (
+        '{"url": "/v1/responses", "body": {"input": "x", "max_output_tokens": "9"}}',
+        "field 'max_output_tokens': expected an integer",
+    ),
     ('{"prompt": "x", "temperature": NaN}', "not valid JSON"),
     ('{"prompt": "x", "temperature": Infinity}', "not valid JSON"),
     ('{"prompt": "x", "temperature": -Infinity}', "not valid JSON"),
@@ -442,3 +447,16 @@ def test_idset_ignores_matches_across_entries() -> None:
     assert ids.add(straddling) and straddling in ids and len(ids) == 3
     ids.discard(straddling)
     assert first in ids and second in ids and len(ids) == 2
+
+
+def test_responses_lines_get_their_own_names_for_the_defaults(tmp_path: Path) -> None:
+    line = '{"url": "/v1/responses", "body": {"input": "hi"}}'
+    req = only(write(tmp_path, line), Defaults(model="m", max_tokens=64, system="be brief"))
+    assert isinstance(req, Request) and req.endpoint == "/v1/responses"
+    body = json.loads(req.body)
+    assert body == {
+        "model": "m",
+        "input": "hi",
+        "max_output_tokens": 64,
+        "instructions": "be brief",
+    }

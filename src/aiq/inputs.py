@@ -44,12 +44,14 @@ from .errors import InputError
 KEY_TAG = b"aiq-key-v1\n"
 # Bump when validation or defaulting changes: files added before are then read again in
 # full rather than resumed after the prefix the store remembers.
-RULES_VERSION = "2"  # 2: Message Batches lines, refused before, are valid
+# 2: Message Batches lines, refused before, are valid. 3: /v1/responses lines too.
+RULES_VERSION = "3"
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+RESPONSES = "/v1/responses"
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 MESSAGES = "/v1/messages"  # Anthropic's; only Message Batches lines use it
 
 _BOM = b"\xef\xbb\xbf"
@@ -198,6 +200,16 @@ def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults) -> None:
         raise LineError("field 'model': missing; give --model or set `model` in the config")
     if endpoint == EMBEDDINGS:
         return
+    if endpoint == RESPONSES:  # its own names for the output ceiling and the system prompt
+        if "max_output_tokens" in body:
+            _expect(body, "max_output_tokens", (int,), "an integer")
+        elif d.max_tokens is not None:
+            body["max_output_tokens"] = d.max_tokens
+        if d.temperature is not None:
+            body.setdefault("temperature", d.temperature)
+        if d.system is not None:
+            body.setdefault("instructions", d.system)
+        return
     if "max_tokens" in body:
         _expect(body, "max_tokens", (int,), "an integer")
     elif d.max_tokens is not None:
@@ -234,7 +246,7 @@ def _split_envelope(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         _check_messages(body.get("messages"), "body.messages")
     elif endpoint == COMPLETIONS and "prompt" not in body:
         raise LineError("field 'body.prompt': missing")
-    elif endpoint == EMBEDDINGS and "input" not in body:
+    elif endpoint in (EMBEDDINGS, RESPONSES) and "input" not in body:
         raise LineError("field 'body.input': missing")
     return endpoint, body
 

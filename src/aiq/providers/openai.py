@@ -1,4 +1,4 @@
-"""OpenAI-compatible APIs: /v1/chat/completions, /v1/completions, /v1/embeddings."""
+"""OpenAI-compatible APIs: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import orjson
 from ..ratelimit_headers import read_rate_limits
 from .base import ProviderError, Reply, classify_status, fatal_hint, redact, retry_after_s
 
-_EXPECTED = {"/v1/embeddings": "data"}  # the key a well-formed reply must carry
+_EXPECTED = {"/v1/embeddings": "data", "/v1/responses": "output"}  # a good reply carries it
 
 
 class OpenAIProvider:
@@ -133,8 +133,9 @@ class OpenAIProvider:
             status_code=200,
             body=content,
             request_id=resp.headers.get("x-request-id") or data.get("id"),
-            tokens_in=_int(usage.get("prompt_tokens")),
-            tokens_out=_int(usage.get("completion_tokens")),
+            # /v1/responses names them input and output tokens; the rest prompt and completion.
+            tokens_in=_int(usage.get("prompt_tokens", usage.get("input_tokens"))),
+            tokens_out=_int(usage.get("completion_tokens", usage.get("output_tokens"))),
             limits=read_rate_limits(resp.headers),
         )
 
