@@ -49,8 +49,9 @@ def test_forecast_counts_tokens_and_cost_per_model_and_the_eta(tmp_path: Path) -
     assert f["unpriced_models"] == ["no-such-model"]
     assert math.isclose(f["cost_usd"], models["m"]["cost_usd"] + mini["cost_usd"])
     assert f["tokens"] == 221 + 22 + 6
-    # 4 requests at 60/min take 4 s; 249 tokens at 300/min take 49.8 s: tokens set the ETA.
-    assert (f["eta_s"], f["bottleneck"]) == (49.8, "tpm")
+    # Limits hold per model: model m's 221 tokens at 300/min take 44.2 s (its 2 requests at
+    # 60/min, 2 s); the other models, side by side, take less. Tokens set the ETA.
+    assert (f["eta_s"], f["bottleneck"]) == (44.2, "tpm")
     assert not (tmp_path / ".aiq").exists()  # no store created
 
 
@@ -110,3 +111,19 @@ def test_strict_refuses_a_file_with_an_invalid_line_as_run_would(tmp_path: Path)
     assert lenient.returncode == 0, lenient.stderr
     assert strict.returncode == 2
     assert "--strict" in strict.stderr and "p.jsonl:2" in strict.stderr
+
+
+def test_a_model_with_limits_of_its_own_sets_the_eta_when_it_is_the_slowest(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "aiq.yaml").write_text(CONFIG + "model_limits:\n  slow: {rpm: 6}\n")
+    (tmp_path / "p.jsonl").write_text(
+        "".join(_line(f"s{i}", f"slow {i}", model="slow") for i in range(3))
+        + "".join(_line(f"f{i}", f"fast {i}") for i in range(30))
+    )
+    proc = run_aiq("run", "p.jsonl", "--dry-run", "--json", "--model", "m", "--rpm", "600",
+                   cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    f = json.loads(proc.stdout)
+    # slow: 3 requests at 6/min = 30 s; m: 30 at 600/min = 3 s.
+    assert (f["eta_s"], f["bottleneck"]) == (30.0, "rpm")

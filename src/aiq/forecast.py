@@ -59,6 +59,7 @@ class Forecast:
     path: str
     rpm: int | None
     tpm: int | None
+    model_limits: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     valid: int = 0  # valid lines
     duplicates: int = 0  # valid lines whose request an earlier line already makes
     done_before: int = 0  # requests the store has done already: not sent again
@@ -91,24 +92,32 @@ class Forecast:
         """Models with requests but no price: the total leaves them out."""
         return [m.model for m in self.models.values() if m.requests and m.price is None]
 
+    def limits_of(self, model: str | None) -> tuple[int | None, int | None]:
+        """(rpm, tpm) of a model: its own from ``model_limits``, else the run's."""
+        return self.model_limits.get(model or "", (self.rpm, self.tpm))
+
+    def _times(self, m: ModelForecast) -> dict[str, float]:
+        """Seconds each of the model's limits needs for its requests."""
+        rpm, tpm = self.limits_of(m.model)
+        times = {}
+        if rpm:
+            times["rpm"] = m.requests / rpm * 60
+        if tpm:
+            times["tpm"] = (m.prompt_tokens + m.output_tokens) / tpm * 60
+        return times
+
     @property
     def eta_s(self) -> float | None:
-        """The least time the configured limits allow; None when no limit is set."""
-        times = []
-        if self.rpm:
-            times.append(self.requests / self.rpm * 60)
-        if self.tpm:
-            times.append(self.tokens / self.tpm * 60)
+        """The least time the configured limits allow; None when no limit is set. Providers
+        limit each model on its own, so models go side by side: the slowest sets the time."""
+        times = [t for m in self.models.values() for t in self._times(m).values()]
         return max(times) if times else None
 
     @property
     def bottleneck(self) -> str | None:
         """Which limit sets the ETA: "rpm" or "tpm"."""
-        if not (self.rpm or self.tpm):
-            return None
-        by_requests = self.requests / self.rpm if self.rpm else -1.0
-        by_tokens = self.tokens / self.tpm if self.tpm else -1.0
-        return "rpm" if by_requests >= by_tokens else "tpm"
+        slowest = [(t, kind) for m in self.models.values() for kind, t in self._times(m).items()]
+        return max(slowest)[1] if slowest else None
 
     def as_dict(self) -> dict[str, Any]:
         return {

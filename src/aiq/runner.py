@@ -363,7 +363,7 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
     Requests the store has already done are not counted (a run would not send them); the
     store is opened read-only, and only if it exists.
     """
-    forecast = Forecast(str(path), config.rpm, config.tpm)
+    forecast = Forecast(str(path), config.rpm, config.tpm, config.model_limits)
     default_output = 0
     if config.provider == "anthropic":  # it requires max_tokens; aiq sends the default
         default_output = config.max_tokens or DEFAULT_MAX_TOKENS
