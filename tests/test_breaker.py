@@ -332,3 +332,14 @@ def test_one_probe_at_a_time_even_when_earlier_calls_fail_meanwhile(
         threshold=threshold,
         stale_failures_during_probes=True,
     )
+
+
+def test_a_probe_that_was_never_sent_lets_the_next_one_go() -> None:
+    # The worker let a job out as the probe, then did not send it (too large for the limits,
+    # or the run stopping): without cancel_probe() no probe would ever go again.
+    clock = FakeClock()
+    b = opened(clock)
+    next_probe(b, clock)
+    assert b.admit() > 0
+    b.cancel_probe()
+    assert b.admit() == 0.0 and b.is_open  # the next probe, at once: the last one never went

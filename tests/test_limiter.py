@@ -225,18 +225,19 @@ def test_a_small_difference_from_the_provider_is_not_treated_as_usage() -> None:
     assert clock.now - before <= 2 * 60 / (6000 * HEADROOM) + 1e-9
 
 
-def test_a_refunded_ticket_gives_its_slot_back() -> None:
+def test_a_refund_frees_the_window_but_keeps_the_pace() -> None:
+    """A 429'd request leaves the minute's count (the provider did not count it), but its
+    pace slot is not handed back: requests refunded together would be booked again at one
+    instant, a burst that a per-second limit answers with more 429s."""
     clock = FakeClock()
-    lim = limiter(clock, rpm=60, headroom=1.0)
-
-    async def go() -> None:
-        ticket = await lim.acquire()
-        lim.refund(ticket)  # the provider answered 429 and did not count it
-        await lim.acquire()
-
-    start = clock.now
-    asyncio.run(go())
-    assert clock.now == pytest.approx(start)
+    budget = Budget(2, headroom=1.0)  # 2 a minute: 30 s apart
+    first = budget.book(budget.ready_at(0.0, 1), 1)
+    budget.book(budget.ready_at(0.0, 1), 1)  # at 30 s
+    assert budget.ready_at(0.0, 1) == pytest.approx(WINDOW_S)  # the window is full until then
+    budget.forget(first)
+    assert budget.used(30.0) == 1
+    assert budget.ready_at(30.0, 1) == pytest.approx(60.0)  # paced as before, not sooner
+    assert clock.now == 1000.0
 
 
 def test_max_in_window_helper_counts_like_the_fake_server() -> None:

@@ -61,6 +61,10 @@ class CircuitBreaker:
         self._probing = True
         return 0.0
 
+    def cancel_probe(self) -> None:
+        """The probe ``admit()`` let out was not sent after all: another may go."""
+        self._probing = False
+
     def record(self, outage_like: bool, *, probe: bool = False) -> None:
         """The outcome of a call: ``outage_like`` if it failed as a down provider fails;
         ``probe`` if it was the call ``admit()`` let out while open (the caller knows: it is

@@ -122,6 +122,12 @@ class Budget:
             used -= e.cost
         return max(0.0, used)
 
+    def forget(self, entry: _Entry) -> None:
+        """Take a booking out of the window's count; the pace is left as it is."""
+        if entry.at > self._horizon:
+            self._sum -= entry.cost
+        entry.cost = 0.0
+
     def settle(self, entry: _Entry, cost: float) -> None:
         """The booking really cost ``cost``: correct the log, and the pace by the difference."""
         self._tat += (cost - entry.cost) * self._interval
@@ -273,11 +279,14 @@ class RateLimiter:
         return at
 
     def refund(self, ticket: Ticket) -> None:
-        """The request was not sent, or the provider did not count it (its 429)."""
+        """The request was not sent, or the provider did not count it (its 429): it leaves
+        the minute's log. The pace keeps its slot: handing slots back let requests refunded
+        together be booked again at one instant, a burst a per-second limit answers with
+        429s (bench/README.md, "Rate limits")."""
         if ticket.request is not None and self._requests is not None:
-            self._requests.settle(ticket.request, 0)
+            self._requests.forget(ticket.request)
         if ticket.tokens is not None and self._tokens is not None:
-            self._tokens.settle(ticket.tokens, 0)
+            self._tokens.forget(ticket.tokens)
         ticket.request = ticket.tokens = None
 
     def settle(self, ticket: Ticket, prompt_tokens: int) -> None:

@@ -279,14 +279,19 @@ class Worker:
         if stopped meanwhile, or if the job would pass --max-cost)."""
         if not await self._provider_up(job):
             return
-        charge = self.costs.charge(job.body)
-        if not await self.costs.admit(charge):
-            self.stop()  # --max-cost: nothing more fits; what is in flight finishes
-            return
         try:
-            await self._send_admitted(job, charge)
+            charge = self.costs.charge(job.body)
+            if not await self.costs.admit(charge):
+                self.stop()  # --max-cost: nothing more fits; what is in flight finishes
+                return
+            try:
+                await self._send_admitted(job, charge)
+            finally:
+                self.costs.release(charge)  # unless settled by a reply
         finally:
-            self.costs.release(charge)  # unless settled by a reply
+            if job.id in self._probe_jobs:  # let out as the probe, but never sent
+                self._probe_jobs.discard(job.id)
+                self._breaker.cancel_probe()
 
     async def _send_admitted(self, job: Job, charge: Charge) -> None:
         """Wait for the limiter, send, and hand the outcome to the store."""
