@@ -15,7 +15,14 @@ import orjson
 
 from ..ratelimit_headers import read_rate_limits
 from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
-from .base import ProviderError, Reply, classify_status, fatal_hint, redact, retry_after_s
+from .base import (
+    ProviderError,
+    Reply,
+    classify_status,
+    exchange,
+    fatal_hint,
+    retry_after_s,
+)
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicProvider"]
 
@@ -90,22 +97,7 @@ class AnthropicProvider:
         request = httpx.Request(
             "POST", url, headers=self._headers, content=content, extensions=self._extensions
         )
-        try:
-            resp = await self._transport.handle_async_request(request)
-            try:
-                raw = redact(await resp.aread(), self._secret)
-            finally:
-                await resp.aclose()
-        except httpx.TimeoutException as exc:
-            raise ProviderError("timeout", _describe(exc), retryable=True) from None
-        except httpx.UnsupportedProtocol as exc:  # no retry can fix the base URL
-            message = f"{_describe(exc)} (check --base-url: {self._base!r})"
-            raise ProviderError("connection", message, fatal=True) from None
-        except httpx.TransportError as exc:
-            raise ProviderError("connection", _describe(exc), retryable=True) from None
-        except httpx.DecodingError as exc:
-            message = f"undecodable reply: {_describe(exc)}"
-            raise ProviderError("bad_response", message, retryable=True) from None
+        resp, raw = await exchange(self._transport, request, secret=self._secret, base=self._base)
         if resp.status_code != 200:
             raise self._error(resp, raw)
         return _reply(resp, raw)
@@ -171,8 +163,3 @@ def _error_message(resp: httpx.Response, raw: bytes) -> tuple[str, str | None]:
         pass
     text = raw[:300].decode("utf-8", "replace").strip()
     return f"HTTP {resp.status_code}: {text or resp.reason_phrase}", None
-
-
-def _describe(exc: Exception) -> str:
-    # httpx messages never include headers, so the API key cannot leak through them.
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -79,6 +79,36 @@ class Provider(Protocol):
     async def send(self, endpoint: str, body: bytes) -> Reply: ...
 
 
+async def exchange(
+    transport: httpx.AsyncBaseTransport, request: httpx.Request, *, secret: bytes | None, base: str
+) -> tuple[httpx.Response, bytes]:
+    """Send ``request`` and read the whole reply (the key cut out of it); every transport
+    failure is raised as a classified ProviderError. ``base`` is the base URL, for messages."""
+    try:
+        resp = await transport.handle_async_request(request)
+        try:
+            content = redact(await resp.aread(), secret)
+        finally:
+            await resp.aclose()
+    except httpx.TimeoutException as exc:
+        raise ProviderError("timeout", describe(exc), retryable=True) from None
+    except httpx.UnsupportedProtocol as exc:  # no retry can fix the base URL
+        message = f"{describe(exc)} (check --base-url: {base!r})"
+        raise ProviderError("connection", message, fatal=True) from None
+    except httpx.TransportError as exc:
+        raise ProviderError("connection", describe(exc), retryable=True) from None
+    except httpx.DecodingError as exc:  # a reply that claims gzip but is not
+        message = f"undecodable reply: {describe(exc)}"
+        raise ProviderError("bad_response", message, retryable=True) from None
+    return resp, content
+
+
+def describe(exc: Exception) -> str:
+    """An httpx exception as text. httpx messages never include headers, so the API key
+    cannot leak through them."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def redact(content: bytes, secret: bytes | None) -> bytes:
     """What a server sent, with ``secret`` (the API key) cut out. Some servers quote the key
     back ("Incorrect API key provided: sk-…") or echo the request, headers and all, in an

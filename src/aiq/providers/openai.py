@@ -9,7 +9,14 @@ import httpx
 import orjson
 
 from ..ratelimit_headers import read_rate_limits
-from .base import ProviderError, Reply, classify_status, fatal_hint, redact, retry_after_s
+from .base import (
+    ProviderError,
+    Reply,
+    classify_status,
+    exchange,
+    fatal_hint,
+    retry_after_s,
+)
 
 _EXPECTED = {"/v1/embeddings": "data", "/v1/responses": "output"}  # a good reply carries it
 
@@ -93,22 +100,9 @@ class OpenAIProvider:
         request = httpx.Request(
             "POST", url, headers=self._headers, content=body, extensions=self._extensions
         )
-        try:
-            resp = await self._transport.handle_async_request(request)
-            try:
-                content = redact(await resp.aread(), self._secret)
-            finally:
-                await resp.aclose()
-        except httpx.TimeoutException as exc:
-            raise ProviderError("timeout", _describe(exc), retryable=True) from None
-        except httpx.UnsupportedProtocol as exc:  # no retry can fix the base URL
-            message = f"{_describe(exc)} (check --base-url: {self._base!r})"
-            raise ProviderError("connection", message, fatal=True) from None
-        except httpx.TransportError as exc:
-            raise ProviderError("connection", _describe(exc), retryable=True) from None
-        except httpx.DecodingError as exc:  # a reply that claims gzip but is not
-            message = f"undecodable reply: {_describe(exc)}"
-            raise ProviderError("bad_response", message, retryable=True) from None
+        resp, content = await exchange(
+            self._transport, request, secret=self._secret, base=self._base
+        )
         if resp.status_code != 200:
             raise self._error(resp, content)
         return self._reply(endpoint, resp, content)
@@ -172,8 +166,3 @@ def _error_message(resp: httpx.Response, content: bytes) -> tuple[str, str | Non
         pass
     text = content[:300].decode("utf-8", "replace").strip()
     return f"HTTP {resp.status_code}: {text or resp.reason_phrase}", None
-
-
-def _describe(exc: Exception) -> str:
-    # httpx messages never include headers, so the API key cannot leak through them.
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
