@@ -18,8 +18,6 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import orjson
-
 from . import tokens
 from .pricing import Price, price_for
 
@@ -57,13 +55,8 @@ class CostMeter:
         # For the estimates: how the replies' usage compared with what was estimated.
         self._est_in = self._real_in = self._replies = self._real_out = 0
 
-    def charge(self, body: bytes) -> Charge:
-        """The model and price of a request body, and (under a cap) its estimated cost."""
-        try:
-            model = orjson.loads(body).get("model")
-        except (orjson.JSONDecodeError, AttributeError):
-            model = None
-        model = model if isinstance(model, str) else None
+    def charge(self, body: bytes, model: str | None) -> Charge:
+        """The price of a request body for ``model``, and (under a cap) its estimated cost."""
         if model in self._by_model:
             price = self._by_model[model]
         else:

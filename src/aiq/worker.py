@@ -280,12 +280,13 @@ class Worker:
         if not await self._provider_up(job):
             return
         try:
-            charge = self.costs.charge(job.body)
-            if not await self.costs.admit(charge):
+            model = tokens.model_of(job.body)
+            charge = self.costs.charge(job.body, model)
+            if self.costs.cap_usd is not None and not await self.costs.admit(charge):
                 self.stop()  # --max-cost: nothing more fits; what is in flight finishes
                 return
             try:
-                await self._send_admitted(job, charge)
+                await self._send_admitted(job, model, charge)
             finally:
                 self.costs.release(charge)  # unless settled by a reply
         finally:
@@ -293,10 +294,10 @@ class Worker:
                 self._probe_jobs.discard(job.id)
                 self._breaker.cancel_probe()
 
-    async def _send_admitted(self, job: Job, charge: Charge) -> None:
+    async def _send_admitted(self, job: Job, model: str | None, charge: Charge) -> None:
         """Wait for the limiter, send, and hand the outcome to the store."""
         try:
-            ticket = await self._acquire(job)
+            ticket = await self._acquire(job, model)
         except RequestTooLarge as exc:
             self._finish(self._too_large(job, exc))
             return
@@ -318,8 +319,8 @@ class Worker:
         if self._cycle_due() or (self._stop and not self.progress.in_flight):
             self._wake.set()
 
-    async def _acquire(self, job: Job) -> Ticket:
-        limiter = self._limiters.for_model(tokens.model_of(job.body))
+    async def _acquire(self, job: Job, model: str | None) -> Ticket:
+        limiter = self._limiters.for_model(model)
         cost = tokens.estimate(job.body) if limiter.counts_tokens else tokens.NO_COST
         if not self._auto:
             return await limiter.acquire(cost.prompt, cost.reserved)
