@@ -260,7 +260,10 @@ async def _store_finding(db: Path) -> Finding:
     except StoreError as exc:
         return Finding(FAIL, "store", str(exc))
     try:
-        stats = await store.stats()
+        with store.errors():
+            stats = await store.stats()
+    except StoreError as exc:  # damaged past its schema
+        return Finding(FAIL, "store", str(exc))
     finally:
         await store.close()
     counts = ", ".join(f"{stats.counts[s]} {s}" for s in STATE_NAMES)
