@@ -106,3 +106,11 @@ def test_live_progress_renders_every_figure() -> None:
     text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.getvalue())
     for part in ("done 50/200", "in flight 9", "retries 7", "dead 2", "tokens 1,234 in"):
         assert part in text
+
+
+def test_an_anthropic_config_built_in_code_gets_anthropic_defaults() -> None:
+    config = Config(provider="anthropic")
+    assert config.base_url == "https://api.anthropic.com"
+    assert config.api_key_env == "ANTHROPIC_API_KEY"
+    custom = Config(provider="anthropic", base_url="http://127.0.0.1:9/v1", api_key_env="K")
+    assert (custom.base_url, custom.api_key_env) == ("http://127.0.0.1:9/v1", "K")

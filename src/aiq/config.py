@@ -74,6 +74,13 @@ class Config:
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise UsageError(f"provider {self.provider!r}: use one of {', '.join(PROVIDERS)}")
+        if self.provider == "anthropic":
+            # Built in code with only the provider named: Anthropic's own defaults, as
+            # resolve() gives them, not OpenAI's.
+            if self.base_url == OPENAI_BASE_URL:
+                object.__setattr__(self, "base_url", ANTHROPIC_BASE_URL)
+            if self.api_key_env == DEFAULT_KEY_ENV:
+                object.__setattr__(self, "api_key_env", ANTHROPIC_KEY_ENV)
         if isinstance(self.concurrency, str):
             try:
                 parsed: int | str = (
