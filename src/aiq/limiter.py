@@ -250,6 +250,8 @@ class RateLimiter:
         Raises RequestTooLarge when its token cost exceeds the whole tokens-per-minute limit.
         """
         ticket = Ticket(prompt_tokens, reserved, self)
+        if self._requests is None and self._tokens is None and self._paused_until <= self._clock():
+            return ticket  # nothing to pace (yet): the common case without limits
         while True:
             now = self._clock()
             at = self._book(ticket, now)
@@ -291,7 +293,7 @@ class RateLimiter:
 
     def settle(self, ticket: Ticket, prompt_tokens: int) -> None:
         """The reply's usage says the prompt was ``prompt_tokens``: correct the booking."""
-        if prompt_tokens > 0:
+        if prompt_tokens > 0 and self._tokens is not None:
             self._prompt.update(ticket.prompt_estimate, prompt_tokens)
             actual = prompt_tokens + ticket.reserved
             self._avg_cost.update(1, actual)

@@ -92,6 +92,7 @@ class Job:
     body: bytes
     attempts: int
     first_attempt_at: float | None
+    model: str | None = None
 
 
 @dataclass(slots=True)
@@ -670,7 +671,10 @@ class JobStore:
             rows = await self._db.execute_fetchall(
                 "UPDATE jobs SET state = ?, lease_until = ? WHERE id IN ("
                 "  SELECT id FROM jobs WHERE state = ? AND next_at <= ? ORDER BY next_at, id"
-                "  LIMIT ?) RETURNING id, endpoint, body, attempts, first_attempt_at",
+                "  LIMIT ?) RETURNING id, endpoint, body, attempts, first_attempt_at, "
+                # The model picks the job's rate limiter and price: read here, in SQLite's
+                # C JSON parser (~0.4 µs), not by scanning the body in the event loop.
+                "json_extract(CAST(body AS TEXT), '$.model')",
                 (RUNNING, now + lease_s, QUEUED, now, limit),
             )
         return [Job(*r) for r in rows]

@@ -77,25 +77,3 @@ def _collect(value: Any, texts: list[str]) -> None:
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-_MODEL_KEY = b'"model":"'
-
-
-def model_of(body: bytes) -> str | None:
-    """The request's top-level ``model``. Bodies are canonical JSON (compact, sorted keys):
-    the key is found without parsing, unless it occurs twice (a nested "model" somewhere)."""
-    start = body.find(_MODEL_KEY)
-    if start < 0:
-        return None
-    if body.find(_MODEL_KEY, start + 1) < 0:
-        end = body.find(b'"', start + len(_MODEL_KEY))
-        value = body[start + len(_MODEL_KEY) : end]
-        if b"\\" not in value:
-            return value.decode("utf-8", "replace")
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    model = obj.get("model") if isinstance(obj, dict) else None
-    return model if isinstance(model, str) else None

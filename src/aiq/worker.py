@@ -277,10 +277,12 @@ class Worker:
     async def _send(self, job: Job) -> None:
         """Wait for the provider and the budget, then send (released back to queued by run()
         if stopped meanwhile, or if the job would pass --max-cost)."""
-        if not await self._provider_up(job):
+        # The breaker is nearly always closed: then no wait, and no coroutine to find that out.
+        up = not (self._breaker.is_open or self.progress.outage_s)
+        if not up and not await self._provider_up(job):
             return
         try:
-            model = tokens.model_of(job.body)
+            model = job.model if isinstance(job.model, str) else None
             charge = self.costs.charge(job.body, model)
             if self.costs.cap_usd is not None and not await self.costs.admit(charge):
                 self.stop()  # --max-cost: nothing more fits; what is in flight finishes
