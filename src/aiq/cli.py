@@ -245,6 +245,10 @@ def _summary_json(s: runner.RunSummary) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _lines(n: int) -> str:
+    return f"{n} line" if n == 1 else f"{n} lines"
+
+
 def _summary_lines(s: runner.RunSummary) -> list[str]:
     p = s.progress
     lines = []
@@ -266,8 +270,8 @@ def _summary_lines(s: runner.RunSummary) -> list[str]:
         f"{c['running']} running of {s.stats.total}"
     )
     for e in s.exports:
-        lines.append(f"results: {e.results_path} ({e.results} lines)")
-        lines.append(f"dead letters: {e.dead_path} ({e.dead} lines)")
+        lines.append(f"results: {e.results_path} ({_lines(e.results)})")
+        lines.append(f"dead letters: {e.dead_path} ({_lines(e.dead)})")
     if s.stopped == "interrupted":
         lines.append("interrupted: run `aiq resume` to carry on where this stopped")
     elif s.stopped == "limit":
@@ -476,8 +480,8 @@ def export(
             runner.export_outputs(_config(db, config, order=order), out=out, dead=dead)
         )
         for e in exports:
-            print(f"results: {e.results_path} ({e.results} lines)")
-            print(f"dead letters: {e.dead_path} ({e.dead} lines)")
+            print(f"results: {e.results_path} ({_lines(e.results)})")
+            print(f"dead letters: {e.dead_path} ({_lines(e.dead)})")
 
     _guard(traceback, body)
 
