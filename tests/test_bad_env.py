@@ -357,3 +357,32 @@ def test_results_in_a_read_only_directory_lose_nothing(tmp_path: Path) -> None:
     exported = run_aiq("export", "--out", "locked/results.jsonl", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     assert len(read_jsonl(locked / "results.jsonl")) == 4
+
+
+def test_a_metrics_file_that_fails_mid_run_stops_it_cleanly_and_resume_finishes(
+    tmp_path: Path,
+) -> None:
+    """The run stops with one error line, in-flight requests recorded, none left running."""
+    prompts = [(f"m{i}", f"metrics prompt {i}") for i in range(600)]
+    write_prompts(tmp_path / "m.jsonl", prompts)
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    with FakeServer(latency_s=0.05) as server:
+        args = ["--base-url", server.base_url, "--concurrency", "4"]
+        proc = start_aiq("run", "m.jsonl", "--model", "m", *args, "--metrics-file",
+                         metrics_dir / "aiq.prom", cwd=tmp_path, capture=True)  # fmt: skip
+        time.sleep(1.5)  # the first write has happened; the next is due at 5 s
+        shutil.rmtree(metrics_dir)
+        metrics_dir.write_text("a file where the directory was")  # no directory can be made
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 2, stderr
+        assert stderr.count("error:") == 1 and "Traceback" not in stderr
+        status = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
+        assert status["counts"]["running"] == 0  # drained: nothing left claimed
+        assert 0 < status["counts"]["done"] < len(prompts)
+        done = run_aiq("resume", *args, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    results = read_jsonl(tmp_path / "m.results.jsonl")
+    assert sorted(r["custom_id"] for r in results) == sorted(c for c, _ in prompts)
+    sent = [r.prompt for r in server.requests]
+    assert len(sent) == len(set(sent)) == len(prompts)  # nothing sent twice

@@ -303,7 +303,15 @@ async def _work(
         while not task.done():
             await asyncio.wait([task], timeout=interval_s)
             if on_progress is not None:
-                on_progress(worker.progress)
+                try:
+                    on_progress(worker.progress)
+                except Exception:  # a metrics or log file that cannot be written: stop
+                    worker.stop()  # drain first, so what is in flight is recorded
+                    await asyncio.wait([task], timeout=config.grace_s)
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    raise
             if worker.stopping and abandon_at is None:
                 abandon_at = loop.time() + config.grace_s
             if abandon_at is not None and loop.time() >= abandon_at:
