@@ -19,9 +19,11 @@ from .base import (
     ProviderError,
     Reply,
     classify_status,
+    error_message,
     exchange,
     fatal_hint,
     retry_after_s,
+    token_count,
 )
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicProvider"]
@@ -103,7 +105,7 @@ class AnthropicProvider:
         return _reply(resp, raw)
 
     def _error(self, resp: httpx.Response, raw: bytes) -> ProviderError:
-        message, code = _error_message(resp, raw)
+        message, code = error_message(resp, raw, code_keys=("type",))
         if code == "billing_error":
             error_type, retryable, fatal = "quota", False, True
         else:
@@ -140,26 +142,7 @@ def _reply(resp: httpx.Response, raw: bytes) -> Reply:
         status_code=200,
         body=raw,
         request_id=resp.headers.get("request-id") or data.get("id"),
-        tokens_in=_int(usage.get("input_tokens")),
-        tokens_out=_int(usage.get("output_tokens")),
+        tokens_in=token_count(usage.get("input_tokens")),
+        tokens_out=token_count(usage.get("output_tokens")),
         limits=read_rate_limits(resp.headers),
     )
-
-
-def _int(value: object) -> int:
-    # A server that sends a non-number for a token count has still answered; count it as 0.
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _error_message(resp: httpx.Response, raw: bytes) -> tuple[str, str | None]:
-    """The message and error type of Anthropic's ``{"type": "error", "error": {...}}`` body."""
-    try:
-        err = orjson.loads(raw).get("error")
-        if isinstance(err, dict):
-            code = err.get("type")
-            code = code if isinstance(code, str) else None
-            return f"HTTP {resp.status_code}: {err.get('message') or err}", code
-    except (orjson.JSONDecodeError, AttributeError):
-        pass
-    text = raw[:300].decode("utf-8", "replace").strip()
-    return f"HTTP {resp.status_code}: {text or resp.reason_phrase}", None

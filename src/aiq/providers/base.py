@@ -8,6 +8,7 @@ from email.utils import parsedate_to_datetime
 from typing import Protocol
 
 import httpx
+import orjson
 
 from ..ratelimit_headers import RateLimitInfo
 
@@ -101,6 +102,29 @@ async def exchange(
         message = f"undecodable reply: {describe(exc)}"
         raise ProviderError("bad_response", message, retryable=True) from None
     return resp, content
+
+
+def token_count(value: object) -> int:
+    """A usage figure; a server that sends a non-number for one has still answered: 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def error_message(
+    resp: httpx.Response, content: bytes, *, code_keys: tuple[str, ...] = ("code", "type")
+) -> tuple[str, str | None]:
+    """The provider's own message, and its error code (the first of ``code_keys`` that is a
+    string), from an ``{"error": {"message": …}}`` body (OpenAI's and Anthropic's shape);
+    else the start of the body as text."""
+    try:
+        err = orjson.loads(content).get("error")
+        if isinstance(err, dict):
+            codes = (err.get(k) for k in code_keys)
+            code = next((c for c in codes if isinstance(c, str) and c), None)
+            return f"HTTP {resp.status_code}: {err.get('message') or err}", code
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    text = content[:300].decode("utf-8", "replace").strip()
+    return f"HTTP {resp.status_code}: {text or resp.reason_phrase}", None
 
 
 def describe(exc: Exception) -> str:

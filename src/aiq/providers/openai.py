@@ -13,9 +13,11 @@ from .base import (
     ProviderError,
     Reply,
     classify_status,
+    error_message,
     exchange,
     fatal_hint,
     retry_after_s,
+    token_count,
 )
 
 _EXPECTED = {"/v1/embeddings": "data", "/v1/responses": "output"}  # a good reply carries it
@@ -128,13 +130,13 @@ class OpenAIProvider:
             body=content,
             request_id=resp.headers.get("x-request-id") or data.get("id"),
             # /v1/responses names them input and output tokens; the rest prompt and completion.
-            tokens_in=_int(usage.get("prompt_tokens", usage.get("input_tokens"))),
-            tokens_out=_int(usage.get("completion_tokens", usage.get("output_tokens"))),
+            tokens_in=token_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
+            tokens_out=token_count(usage.get("completion_tokens", usage.get("output_tokens"))),
             limits=read_rate_limits(resp.headers),
         )
 
     def _error(self, resp: httpx.Response, content: bytes) -> ProviderError:
-        message, code = _error_message(resp, content)
+        message, code = error_message(resp, content)
         error_type, retryable, fatal = classify_status(resp.status_code, message, code)
         if fatal:
             message = f"{message} ({fatal_hint(error_type, self._key_env)})"
@@ -147,22 +149,3 @@ class OpenAIProvider:
             retry_after_s=retry_after_s(resp.headers, message),
             limits=read_rate_limits(resp.headers),
         )
-
-
-def _int(value: object) -> int:
-    # A server that sends a non-number for a token count has still answered; count it as 0.
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _error_message(resp: httpx.Response, content: bytes) -> tuple[str, str | None]:
-    """The provider's own message and code from an OpenAI-shaped error body, if any."""
-    try:
-        err = orjson.loads(content).get("error")
-        if isinstance(err, dict):
-            code = err.get("code") or err.get("type")
-            code = code if isinstance(code, str) else None  # some servers send numbers
-            return f"HTTP {resp.status_code}: {err.get('message') or err}", code
-    except (orjson.JSONDecodeError, AttributeError):
-        pass
-    text = content[:300].decode("utf-8", "replace").strip()
-    return f"HTTP {resp.status_code}: {text or resp.reason_phrase}", None
