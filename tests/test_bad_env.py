@@ -131,6 +131,29 @@ def test_existing_store_made_read_only_keeps_its_jobs(tmp_path: Path) -> None:
     assert _counts(tmp_path, ".aiq/aiq.db")["done"] == 5
 
 
+def test_status_and_export_read_a_store_in_a_directory_aiq_may_not_write(
+    tmp_path: Path,
+) -> None:
+    """A read-only mount, another user's store: SQLite cannot make its -shm file there."""
+    write_prompts(tmp_path / "in.jsonl", _prompts(4))
+    assert run_aiq("add", "in.jsonl", "--model", "m", cwd=tmp_path).returncode == 0
+    store_dir = tmp_path / ".aiq"
+    before = _digest(store_dir / "aiq.db")
+    store_dir.chmod(0o555)
+    try:
+        status = _run_restricted("status", "--json", cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["counts"]["queued"] == 4
+        export = _run_restricted("export", cwd=tmp_path)
+        assert export.returncode == 0, export.stderr
+        # Writing is still refused, with the one error line.
+        _one_error(_run_restricted(*_RESUME, cwd=tmp_path), ".aiq/aiq.db", "make .aiq writable")
+    finally:
+        store_dir.chmod(0o755)
+    assert _digest(store_dir / "aiq.db") == before
+    assert sorted(os.listdir(store_dir)) == ["aiq.db"]  # no -wal or -shm left behind
+
+
 def test_missing_directories_of_a_store_path_are_created(tmp_path: Path) -> None:
     # What `mkdir -p` would do: a user naming a new store's place expects it made there.
     write_prompts(tmp_path / "in.jsonl", _prompts(3))

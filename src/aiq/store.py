@@ -22,6 +22,7 @@ from itertools import chain, islice
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiosqlite
 import orjson
@@ -361,7 +362,23 @@ class JobStore:
             require_store(p)
         if not readonly:
             _create(p)
-        uri = f"file:{p}?mode=ro" if readonly else str(p)
+            return await cls._connect(p, str(p), readonly=False)
+        uri = f"file:{quote(str(p))}?mode=ro"
+        try:
+            return await cls._connect(p, uri, readonly=True)
+        except StoreError as exc:
+            wal = Path(f"{p}-wal")
+            if not isinstance(exc.__cause__, sqlite3.OperationalError) or (
+                wal.exists() and wal.stat().st_size
+            ):
+                raise
+        # A store in a directory aiq may not write (a read-only mount, another user's store):
+        # WAL mode cannot make its -shm file there. With no -wal to read, the database file
+        # is the whole store and nobody can be writing it, so it is read as immutable.
+        return await cls._connect(p, uri + "&immutable=1", readonly=True)
+
+    @classmethod
+    async def _connect(cls, p: Path, uri: str, *, readonly: bool) -> JobStore:
         try:
             db = await aiosqlite.connect(uri, uri=readonly, isolation_level=None)
         except sqlite3.Error as exc:
