@@ -18,11 +18,8 @@ from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
 from .base import (
     ProviderError,
     Reply,
-    classify_status,
-    error_message,
+    error_from,
     exchange,
-    fatal_hint,
-    retry_after_s,
     token_count,
 )
 
@@ -101,26 +98,8 @@ class AnthropicProvider:
         )
         resp, raw = await exchange(self._transport, request, secret=self._secret, base=self._base)
         if resp.status_code != 200:
-            raise self._error(resp, raw)
+            raise error_from(resp, raw, key_env=self._key_env, code_keys=("type",))
         return _reply(resp, raw)
-
-    def _error(self, resp: httpx.Response, raw: bytes) -> ProviderError:
-        message, code = error_message(resp, raw, code_keys=("type",))
-        if code == "billing_error":
-            error_type, retryable, fatal = "quota", False, True
-        else:
-            error_type, retryable, fatal = classify_status(resp.status_code, message, code)
-        if fatal:
-            message = f"{message} ({fatal_hint(error_type, self._key_env)})"
-        return ProviderError(
-            error_type,
-            message,
-            status_code=resp.status_code,
-            retryable=retryable,
-            fatal=fatal,
-            retry_after_s=retry_after_s(resp.headers, message),
-            limits=read_rate_limits(resp.headers),
-        )
 
 
 def _reply(resp: httpx.Response, raw: bytes) -> Reply:

@@ -10,7 +10,7 @@ from typing import Protocol
 import httpx
 import orjson
 
-from ..ratelimit_headers import RateLimitInfo
+from ..ratelimit_headers import RateLimitInfo, read_rate_limits
 
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
 _BY_STATUS: dict[int, tuple[str, bool, bool]] = {
@@ -104,6 +104,30 @@ async def exchange(
     return resp, content
 
 
+def error_from(
+    resp: httpx.Response,
+    content: bytes,
+    *,
+    key_env: str,
+    code_keys: tuple[str, ...] = ("code", "type"),
+) -> ProviderError:
+    """The classified ProviderError of a non-200 reply: the provider's message and code, the
+    class from the one table, a hint for fatal ones, its Retry-After and rate-limit headers."""
+    message, code = error_message(resp, content, code_keys=code_keys)
+    error_type, retryable, fatal = classify_status(resp.status_code, message, code)
+    if fatal:
+        message = f"{message} ({fatal_hint(error_type, key_env)})"
+    return ProviderError(
+        error_type,
+        message,
+        status_code=resp.status_code,
+        retryable=retryable,
+        fatal=fatal,
+        retry_after_s=retry_after_s(resp.headers, message),
+        limits=read_rate_limits(resp.headers),
+    )
+
+
 def token_count(value: object) -> int:
     """A usage figure; a server that sends a non-number for one has still answered: 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
@@ -145,7 +169,7 @@ def redact(content: bytes, secret: bytes | None) -> bytes:
 def classify_status(status: int, message: str, code: str | None = None) -> tuple[str, bool, bool]:
     """(error type, retryable, fatal) for an HTTP error status and the provider's message."""
     lowered = message.lower()
-    if code == "insufficient_quota" or "credit balance is too low" in lowered:
+    if code in ("insufficient_quota", "billing_error") or "credit balance is too low" in lowered:
         return "quota", False, True
     if "context_length_exceeded" in (code or "") or "maximum context length" in lowered:
         return "invalid_request", False, False

@@ -12,11 +12,8 @@ from ..ratelimit_headers import read_rate_limits
 from .base import (
     ProviderError,
     Reply,
-    classify_status,
-    error_message,
+    error_from,
     exchange,
-    fatal_hint,
-    retry_after_s,
     token_count,
 )
 
@@ -106,7 +103,7 @@ class OpenAIProvider:
             self._transport, request, secret=self._secret, base=self._base
         )
         if resp.status_code != 200:
-            raise self._error(resp, content)
+            raise error_from(resp, content, key_env=self._key_env)
         return self._reply(endpoint, resp, content)
 
     def _reply(self, endpoint: str, resp: httpx.Response, content: bytes) -> Reply:
@@ -132,20 +129,5 @@ class OpenAIProvider:
             # /v1/responses names them input and output tokens; the rest prompt and completion.
             tokens_in=token_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
             tokens_out=token_count(usage.get("completion_tokens", usage.get("output_tokens"))),
-            limits=read_rate_limits(resp.headers),
-        )
-
-    def _error(self, resp: httpx.Response, content: bytes) -> ProviderError:
-        message, code = error_message(resp, content)
-        error_type, retryable, fatal = classify_status(resp.status_code, message, code)
-        if fatal:
-            message = f"{message} ({fatal_hint(error_type, self._key_env)})"
-        return ProviderError(
-            error_type,
-            message,
-            status_code=resp.status_code,
-            retryable=retryable,
-            fatal=fatal,
-            retry_after_s=retry_after_s(resp.headers, message),
             limits=read_rate_limits(resp.headers),
         )
