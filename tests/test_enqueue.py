@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from aiq import bulk
 from aiq import store as store_module
 from aiq.inputs import BadLine, Defaults, Request, read_requests
 from aiq.store import DEAD, DONE, QUEUED, EnqueueCounts, JobStore, Outcome
@@ -64,9 +65,9 @@ def items(db: Path) -> dict[str, str]:
 @pytest.fixture
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Several batches, statements and commits even for a few dozen lines."""
-    monkeypatch.setattr(store_module, "_ENQUEUE_BATCH", 7)
-    monkeypatch.setattr(store_module, "_ROWS_PER_INSERT", 3)
-    monkeypatch.setattr(store_module, "_LINES_PER_COMMIT", 10)
+    monkeypatch.setattr(bulk, "ENQUEUE_BATCH", 7)
+    monkeypatch.setattr(bulk, "ROWS_PER_INSERT", 3)
+    monkeypatch.setattr(bulk, "LINES_PER_COMMIT", 10)
 
 
 def test_first_add_counts_and_stores(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ Why the keys look as they do: ``aiq add`` must take 100,000 lines/s. Rows are ap
 rowid order (cheap) and deduplicated through small unique integer indexes (the first 8 bytes
 of a digest) rather than a 32-byte blob or a text key; the full digest is kept beside it.
 Those indexes take random inserts, so every commit rewrites most of their pages: `add`
-commits rarely for that reason (see store.py).
+commits rarely for that reason (see bulk.py).
 """
 
 from __future__ import annotations

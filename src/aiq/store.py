@@ -6,20 +6,13 @@ The store is the single source of truth; output files are views of it. Writes ar
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import os
 import sqlite3
 import struct
-import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from functools import lru_cache
-from itertools import chain, islice
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,6 +20,7 @@ from urllib.parse import quote
 import aiosqlite
 import orjson
 
+from . import bulk
 from .errors import StoreError
 from .inputs import BadLine, Prefix, Request, RequestFile
 from .migrations import MIGRATIONS
@@ -45,21 +39,6 @@ _PRAGMAS = (
     "PRAGMA temp_store = MEMORY",
     "PRAGMA busy_timeout = 10000",
 )
-# `add` (bench/README.md has the figures behind these numbers):
-# - A thread reads and prepares _ENQUEUE_BATCH lines at a time, up to _PARSE_AHEAD batches
-#   ahead of the writer. Batches bound the memory in flight (~0.6 KB a line).
-# - One multi-row INSERT per _ROWS_PER_INSERT lines: SQLite runs a whole statement without
-#   the GIL, where executemany took it back for every row.
-# - A transaction spans _LINES_PER_COMMIT lines. The unique indexes take random inserts, so
-#   each commit rewrites most of their pages: committing every 20,000 lines cost as much as
-#   the inserts themselves.
-# - Checkpoints (each copies the WAL back and fsyncs twice) wait for _BULK_CHECKPOINT_PAGES
-#   pages (160 MB) of WAL: 20,000 took 0.6 s more of a 9.5 s add of a million lines.
-_ENQUEUE_BATCH = 10_000
-_ROWS_PER_INSERT = 5_000  # 5 or 6 parameters a row: SQLite allows 32,766 (>= 3.32)
-_LINES_PER_COMMIT = 100_000
-_PARSE_AHEAD = 2
-_BULK_CHECKPOINT_PAGES = 40_000
 
 
 class StoreOutdated(StoreError):
@@ -213,133 +192,6 @@ class Stats:
         }
 
 
-_JOB_PARAMS = 4  # k64, key, endpoint, body (created_at is one shared parameter)
-_ITEM_PARAMS = 5  # ck, custom_id, job_k64, line_no, line (source_id is shared)
-
-
-@dataclass(slots=True)
-class _Batch:
-    """Up to _ENQUEUE_BATCH lines as flat parameter lists for the multi-row INSERTs."""
-
-    lines: int
-    valid: int
-    jobs: list[Any]
-    items: list[Any]
-    bad: list[BadLine]
-
-
-def _chunks(lines: Iterator[Request | BadLine], size: int) -> Iterator[list[Request | BadLine]]:
-    while chunk := list(islice(lines, size)):
-        yield chunk
-
-
-def _prepare(lines: list[Request | BadLine] | None) -> _Batch | None:
-    """A batch of lines as parameters for the INSERTs (None stays None); runs in the parser."""
-    if lines is None:
-        return None
-    jobs: list[Any] = []
-    items: list[tuple[int, str, int, int, bytearray]] = []
-    bad: list[BadLine] = []
-    for req in lines:
-        if isinstance(req, BadLine):
-            bad.append(req)
-            continue
-        line_no, custom_id, endpoint, body, key, line, _derived, ck = req
-        jk = _K64.unpack_from(key)[0]  # k64(key), inlined: hot path
-        # bytearray, not bytes: sqlite3 binds it directly, while a bytes parameter goes
-        # through its adapter lookup first (~640 ns against ~95, three times a line, in the
-        # thread that holds the GIL to bind). Still stored and read back as a BLOB.
-        jobs += (jk, bytearray(key), endpoint, bytearray(body))
-        items.append((ck, custom_id, jk, line_no, bytearray(line)))
-    # In key order, inserts into the items' unique index land on neighbouring pages: a
-    # third less time for them. The sort is stable, so a custom_id given twice keeps its
-    # input order and the later line wins. Jobs keep input order: their ids are claim order.
-    items.sort(key=itemgetter(0))
-    flat = list(chain.from_iterable(items))
-    return _Batch(len(lines), len(items), jobs, flat, bad)
-
-
-@contextmanager
-def _bulk_interpreter() -> Iterator[None]:
-    """Interpreter settings for the length of a bulk add; process-wide, so restored after.
-
-    - The cyclic GC is paused: an add makes millions of containers but no cycles, and the
-      collector kept walking the batches in flight (7-13% of the parsing time).
-    - The GIL switch interval goes from 5 ms to 1 ms: the writing thread needs the GIL back
-      after each statement and each aiosqlite call, and waited up to a whole interval every
-      time while the parser held it (1 s of 11).
-    """
-    gc_enabled, interval = gc.isenabled(), sys.getswitchinterval()
-    gc.disable()
-    sys.setswitchinterval(min(interval, 0.001))
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(interval)
-        if gc_enabled:
-            gc.enable()
-
-
-class _Parser:
-    """Reads and prepares batches in its own thread, up to _PARSE_AHEAD batches ahead.
-
-    Parsing and writing each go at their own pace. In lockstep rounds (parse one batch while
-    writing the previous) every round lasted as long as the slower of the two: 2 s of 12.
-    """
-
-    def __init__(self, batches: Iterator[list[Request | BadLine]]) -> None:
-        self._batches = batches
-        self._loop = asyncio.get_running_loop()
-        self._ready: asyncio.Queue[_Batch | BaseException | None] = asyncio.Queue()
-        self._room = threading.Semaphore(_PARSE_AHEAD)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="aiq-parse", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while self._room.acquire() and not self._stop.is_set():
-                batch = _prepare(next(self._batches, None))
-                self._loop.call_soon_threadsafe(self._ready.put_nowait, batch)
-                if batch is None:
-                    return
-        except BaseException as exc:  # handed to the writer, which raises it
-            self._loop.call_soon_threadsafe(self._ready.put_nowait, exc)
-
-    async def next(self) -> _Batch | None:
-        """The next batch, or None at the end; raises what parsing raised."""
-        item = await self._ready.get()
-        if isinstance(item, BaseException):
-            raise item
-        self._room.release()
-        return item
-
-    async def close(self) -> None:
-        """Stop parsing (it may be ahead of a writer that failed) and wait for the thread."""
-        self._stop.set()
-        self._room.release()
-        await asyncio.to_thread(self._thread.join)
-
-
-@lru_cache(maxsize=4)
-def _jobs_sql(rows: int) -> str:
-    values = ", ".join(["(?1, ?, ?, ?, ?)"] * rows)
-    return (
-        f"INSERT INTO jobs (created_at, k64, key, endpoint, body) VALUES {values} "
-        "ON CONFLICT (k64) DO NOTHING"
-    )
-
-
-@lru_cache(maxsize=4)
-def _items_sql(rows: int) -> str:
-    values = ", ".join(["(?1, ?, ?, ?, ?, ?)"] * rows)
-    return (
-        f"INSERT INTO items (source_id, ck, custom_id, job_k64, line_no, line) VALUES {values} "
-        "ON CONFLICT (source_id, ck) DO UPDATE SET job_k64 = excluded.job_k64, "
-        "line = excluded.line, line_no = excluded.line_no WHERE job_k64 != excluded.job_k64"
-    )
-
-
 class JobStore:
     """The job queue in one SQLite file. Open with ``await JobStore.open(path)``."""
 
@@ -484,9 +336,9 @@ class JobStore:
         reader = lines if isinstance(lines, RequestFile) else None
         after, repointed_before = await self._start_enqueue(source, reader is not None)
         if reader is not None:
-            batches = reader.batches(_ENQUEUE_BATCH, after=after)
+            batches = reader.batches(bulk.ENQUEUE_BATCH, after=after)
         else:
-            batches = _chunks(iter(lines), _ENQUEUE_BATCH)
+            batches = bulk.chunks(iter(lines), bulk.ENQUEUE_BATCH)
         counts = EnqueueCounts()
 
         def prefix_stale() -> bool:
@@ -551,9 +403,9 @@ class JobStore:
     ) -> None:
         """Insert every line, read in a thread that keeps a batch or two ahead."""
         db = self._db
-        await db.execute(f"PRAGMA wal_autocheckpoint = {_BULK_CHECKPOINT_PAGES}")
-        with _bulk_interpreter():
-            parser = _Parser(batches)
+        await db.execute(f"PRAGMA wal_autocheckpoint = {bulk.CHECKPOINT_PAGES}")
+        with bulk.interpreter_for_bulk():
+            parser = bulk.Parser(batches)
             try:
                 await self._write_all(source, parser, now, counts, forget_prefix)
             finally:
@@ -563,12 +415,12 @@ class JobStore:
     async def _write_all(
         self,
         source: Source,
-        parser: _Parser,
+        parser: bulk.Parser,
         now: float,
         counts: EnqueueCounts,
         forget_prefix: Callable[[], bool],
     ) -> None:
-        """Write the parser's batches, committing every _LINES_PER_COMMIT lines."""
+        """Write the parser's batches, committing every bulk.LINES_PER_COMMIT lines."""
         db = self._db
         since_commit = 0
         try:
@@ -579,7 +431,7 @@ class JobStore:
                         await db.execute("DELETE FROM prefixes WHERE source_id = ?", (source.id,))
                 await self._insert(source, batch, now, counts)
                 since_commit += batch.lines
-                if since_commit >= _LINES_PER_COMMIT:
+                if since_commit >= bulk.LINES_PER_COMMIT:
                     await db.execute("COMMIT")
                     since_commit = 0
             if db.in_transaction:
@@ -591,29 +443,31 @@ class JobStore:
                     await db.execute("ROLLBACK")
             raise
 
-    async def _insert(self, source: Source, b: _Batch, now: float, counts: EnqueueCounts) -> None:
+    async def _insert(
+        self, source: Source, b: bulk.Batch, now: float, counts: EnqueueCounts
+    ) -> None:
         """Insert one batch inside the caller's transaction, adding to ``counts``."""
         counts.valid += b.valid
         counts.invalid += len(b.bad)
         counts.bad_lines.extend(b.bad)
         # rowcount excludes rows changed by triggers, unlike total_changes.
-        counts.jobs_added += await self._insert_rows(_jobs_sql, now, b.jobs, _JOB_PARAMS)
+        counts.jobs_added += await self._insert_rows(bulk.jobs_sql, now, b.jobs, bulk.JOB_PARAMS)
         # Inserted plus re-pointed items; enqueue() takes the re-pointed off.
-        counts.new += await self._insert_rows(_items_sql, source.id, b.items, _ITEM_PARAMS)
+        counts.new += await self._insert_rows(bulk.items_sql, source.id, b.items, bulk.ITEM_PARAMS)
 
     async def _insert_rows(
         self, sql: Callable[[int], str], shared: Any, flat: list[Any], width: int
     ) -> int:
-        """Run ``sql(n)`` over ``flat`` (``width`` values a row), _ROWS_PER_INSERT rows a
+        """Run ``sql(n)`` over ``flat`` (``width`` values a row), bulk.ROWS_PER_INSERT rows a
         statement; returns the rows changed. The full-size statements go in one executemany:
         each round trip through the event loop waits for the parsing thread to yield the GIL.
         """
-        step = _ROWS_PER_INSERT * width
+        step = bulk.ROWS_PER_INSERT * width
         full = len(flat) // step * step
         changed = 0
         if full:
             params = [[shared, *flat[i : i + step]] for i in range(0, full, step)]
-            changed += (await self._db.executemany(sql(_ROWS_PER_INSERT), params)).rowcount
+            changed += (await self._db.executemany(sql(bulk.ROWS_PER_INSERT), params)).rowcount
         if full < len(flat):
             rest = [shared, *flat[full:]]
             changed += (await self._db.execute(sql((len(flat) - full) // width), rest)).rowcount
