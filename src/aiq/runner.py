@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -125,40 +126,29 @@ async def add_file(
 def _make_provider(config: Config) -> tuple[Provider, httpx.AsyncBaseTransport]:
     """The provider and the transport under it (the caller closes the transport)."""
     transport: httpx.AsyncBaseTransport
-    if config.provider == "anthropic":
-        if not config.api_key and config.base_url.rstrip("/") == ANTHROPIC_BASE_URL:
-            raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
-        transport = AiohttpTransport(max_connections=config.pool_size)
-        anthropic = AnthropicProvider(
-            transport,
-            base_url=config.base_url,
-            api_key=config.api_key,
-            api_key_env=config.api_key_env,
-            extra_headers=config.extra_headers,
-            default_max_tokens=config.max_tokens or DEFAULT_MAX_TOKENS,
-            connect_timeout_s=config.connect_timeout_s,
-            read_timeout_s=config.timeout_s,
-        )
-        return anthropic, transport
     if config.provider == "simulated":
         transport = SimulatedTransport(
             latency_s=config.simulated_latency_s,
             transient_error_rate=config.simulated_error_rate,
         )
     else:
-        if not config.api_key and config.base_url.rstrip("/") == OPENAI_BASE_URL:
+        # The real services need a key; any other server (vLLM, a gateway) may not.
+        real = ANTHROPIC_BASE_URL if config.provider == "anthropic" else OPENAI_BASE_URL
+        if not config.api_key and config.base_url.rstrip("/") == real:
             raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
         transport = AiohttpTransport(max_connections=config.pool_size)
-    provider = OpenAIProvider(
-        transport,
-        base_url=config.base_url,
-        api_key=config.api_key,
-        api_key_env=config.api_key_env,
-        extra_headers=config.extra_headers,
-        connect_timeout_s=config.connect_timeout_s,
-        read_timeout_s=config.timeout_s,
-    )
-    return provider, transport
+    common: dict[str, Any] = {
+        "base_url": config.base_url,
+        "api_key": config.api_key,
+        "api_key_env": config.api_key_env,
+        "extra_headers": config.extra_headers,
+        "connect_timeout_s": config.connect_timeout_s,
+        "read_timeout_s": config.timeout_s,
+    }
+    if config.provider == "anthropic":
+        max_tokens = config.max_tokens or DEFAULT_MAX_TOKENS
+        return AnthropicProvider(transport, default_max_tokens=max_tokens, **common), transport
+    return OpenAIProvider(transport, **common), transport
 
 
 async def run_batch(
