@@ -33,7 +33,7 @@ def forecast_lines(f: Forecast) -> list[str]:
         skipped.append(f"{f.duplicates:,} repeating an earlier line's request")
     if f.done_before:
         skipped.append(f"{f.done_before:,} done before")
-    lines.append(f"{f.path}: {', '.join(skipped)} → {f.requests:,} requests to send")
+    lines.append(f"{f.path}: {', '.join(skipped)} → {_requests(f.requests)} to send")
     if f.store_note:
         lines.append(f.store_note)
     width = max([len(str(m.model)) for m in f.models.values()] + [5])
@@ -53,7 +53,7 @@ def forecast_lines(f: Forecast) -> list[str]:
     unbounded = sum(m.unbounded for m in f.models.values())
     if unbounded:
         lines.append(
-            f"{unbounded:,} requests set no max_tokens: their output is not in the estimate "
+            f"{_requests(unbounded)} set no max_tokens: their output is not in the estimate "
             "(set max_tokens for an upper bound)"
         )
     else:
@@ -95,3 +95,7 @@ def cost_lines(s: Stats) -> list[str]:
             f"{m.tokens_out:,} out, {cost}"
         )
     return lines
+
+
+def _requests(n: int) -> str:
+    return f"{n:,} request" if n == 1 else f"{n:,} requests"
