@@ -190,8 +190,8 @@ def test_same_body_under_two_custom_ids_shares_one_job(tmp_path: Path) -> None:
     async def export() -> list[str]:
         async with await JobStore.open(db) as store:
             (source,) = await store.sources()
-            rows = [r async for r in store.result_rows(source, state=QUEUED, order="input")]
-            return [r[0] for r in rows]
+            batches = store.result_rows(source, state=QUEUED, order="input")
+            return [r[0] async for rows in batches for r in rows]
 
     assert sorted(asyncio.run(export()))[:2] == ["a", "b"]
 

@@ -24,7 +24,7 @@ from aiq.inputs import Defaults, read_requests
 from aiq.limiter import RateLimiter
 from aiq.providers.base import ProviderError
 from aiq.providers.openai import OpenAIProvider
-from aiq.store import DEAD, DONE, QUEUED, RUNNING, JobStore, Source
+from aiq.store import DEAD, DONE, QUEUED, RESULT_COLUMNS, RUNNING, JobStore, Source
 from aiq.worker import Progress, RetryPolicy, Worker
 
 KEY = "sk-test-worker"
@@ -85,20 +85,14 @@ class Run:
     sleeps: list[float]
 
 
-# The columns of JobStore.result_rows, in order.
-_COLUMNS = (
-    "custom_id", "line", "id", "k64", "status_code", "request_id", "response", "attempts",
-    "error_type", "error_message", "first_attempt_at", "finished_at",
-)  # fmt: skip
-
-
 async def _rows(store: JobStore, source: Source) -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for state in (QUEUED, RUNNING, DONE, DEAD):
-        async for row in store.result_rows(source, state=state):
-            item = dict(zip(_COLUMNS, row, strict=True))
-            item["state"] = state
-            rows[item["custom_id"]] = item
+        async for batch in store.result_rows(source, state=state):
+            for row in batch:
+                item = dict(zip(RESULT_COLUMNS, row, strict=True))
+                item["state"] = state
+                rows[item["custom_id"]] = item
     return rows
 
 

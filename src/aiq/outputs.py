@@ -36,8 +36,20 @@ def _iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-def _request_id(k64: int) -> str:
-    return f"batch_req_{k64 & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+def _request_id(k64: int) -> bytes:
+    return b"batch_req_%016x" % (k64 & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+# A results line (DESIGN.md), and what it is made of.
+_RESULT = (
+    b'{"id":"%b","custom_id":%b,"response":{"status_code":%b,"request_id":%b,"body":%b},'
+    b'"error":null}\n'
+)
+_DONE = ("custom_id", "k64", "status_code", "request_id", "response")
+_DEAD = (
+    "custom_id", "line", "status_code", "attempts", "error_type", "error_message",
+    "first_attempt_at", "finished_at",
+)  # fmt: skip
 
 
 class _AtomicFile:
@@ -120,40 +132,37 @@ async def export_source(
     n_results = n_dead = 0
     dumps = orjson.dumps
     with _AtomicFile(results_path) as f:
-        async for row in store.result_rows(source, state=DONE, order=order):
-            custom_id, _line, _jid, k64, status, request_id, response = row[:7]
+        async for rows in store.result_rows(source, state=DONE, order=order, columns=_DONE):
+            # Formatted, not dumped from a dict: the line is the same bytes in a third of
+            # the time, and the stored body goes in as it came (it is JSON already).
             f.write(
-                dumps(
-                    {
-                        "id": _request_id(k64),
-                        "custom_id": custom_id,
-                        "response": {
-                            "status_code": status,
-                            "request_id": request_id,
-                            "body": orjson.Fragment(response),
-                        },
-                        "error": None,
-                    }
+                b"".join(
+                    [
+                        _RESULT % (_request_id(k64), dumps(cid), dumps(status), dumps(rid), body)
+                        for cid, k64, status, rid, body in rows
+                    ]
                 )
             )
-            f.write(b"\n")
-            n_results += 1
+            n_results += len(rows)
     with _AtomicFile(dead_path) as f:
-        async for row in store.result_rows(source, state=DEAD, order="input"):
-            custom_id, line, _jid, _k64, status, _rid, _resp, attempts = row[:8]
-            error_type, message, first_at, failed_at = row[8:12]
-            f.write(
-                dumps(
-                    {
-                        "custom_id": custom_id,
-                        "request": orjson.Fragment(line),
-                        "attempts": attempts,
-                        "error": {"type": error_type, "status_code": status, "message": message},
-                        "first_attempt_at": _iso(first_at),
-                        "failed_at": _iso(failed_at),
-                    }
+        async for rows in store.result_rows(source, state=DEAD, order="input", columns=_DEAD):
+            for custom_id, line, status, attempts, error_type, message, first_at, failed_at in rows:
+                f.write(
+                    dumps(
+                        {
+                            "custom_id": custom_id,
+                            "request": orjson.Fragment(line),
+                            "attempts": attempts,
+                            "error": {
+                                "type": error_type,
+                                "status_code": status,
+                                "message": message,
+                            },
+                            "first_attempt_at": _iso(first_at),
+                            "failed_at": _iso(failed_at),
+                        }
+                    )
                 )
-            )
-            f.write(b"\n")
-            n_dead += 1
+                f.write(b"\n")
+            n_dead += len(rows)
     return Export(source.path, results_path, dead_path, n_results, n_dead)

@@ -41,6 +41,21 @@ _PRAGMAS = (
 )
 
 
+# What result_rows can select: a column of the item (its input line) or of its job.
+_RESULT_SQL = {
+    "custom_id": "i.custom_id",
+    "line": "i.line",
+    **{
+        c: f"j.{c}"
+        for c in (
+            "id", "k64", "status_code", "request_id", "response", "attempts", "error_type",
+            "error_message", "first_attempt_at", "finished_at",
+        )
+    },
+}  # fmt: skip
+RESULT_COLUMNS = tuple(_RESULT_SQL)
+
+
 class StoreOutdated(StoreError):
     """A read-only open found migrations to apply: any writing command applies them."""
 
@@ -689,21 +704,25 @@ class JobStore:
         return cur.rowcount
 
     async def result_rows(
-        self, source: Source, *, state: int, order: str = "done"
-    ) -> AsyncIterator[tuple[Any, ...]]:
-        """Yield the export rows of one source's items whose job is in ``state``."""
+        self,
+        source: Source,
+        *,
+        state: int,
+        order: str = "done",
+        columns: Sequence[str] = RESULT_COLUMNS,
+    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+        """Yield, a thousand at a time, the rows of one source's items whose job is in
+        ``state``: the ``columns`` named (see RESULT_COLUMNS), in finishing or input order."""
         order_by = "i.line_no, i.id" if order == "input" else "j.finished_at, i.id"
         async with self._db.execute(
-            "SELECT i.custom_id, i.line, j.id, j.k64, j.status_code, j.request_id, j.response, "
-            "j.attempts, j.error_type, j.error_message, j.first_attempt_at, j.finished_at "
+            f"SELECT {', '.join(_RESULT_SQL[c] for c in columns)} "
             "FROM items i JOIN jobs j ON j.k64 = i.job_k64 "
             f"WHERE i.source_id = ? AND j.state = ? ORDER BY {order_by}",
             (source.id, state),
         ) as cur:
             cur.arraysize = 1000
             while rows := await cur.fetchmany():
-                for row in rows:
-                    yield tuple(row)
+                yield rows
 
 
 def require_store(path: str | os.PathLike[str]) -> None:
