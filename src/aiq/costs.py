@@ -44,7 +44,8 @@ class CostMeter:
         spent_usd: float = 0.0,
     ) -> None:
         self._prices = prices
-        self._by_model: dict[str | None, Price | None] = {}  # price_for, once per model
+        # Per model: its price_for, in a Charge that jobs share when there is nothing to hold.
+        self._plain: dict[str | None, Charge] = {}
         self.cap_usd = cap_usd
         self.spent_usd = spent_usd  # by the store before this run, plus this run's replies
         self.reached = False  # the cap stopped the run
@@ -57,18 +58,20 @@ class CostMeter:
 
     def charge(self, body: bytes, model: str | None) -> Charge:
         """The price of a request body for ``model``, and (under a cap) its estimated cost."""
-        if model in self._by_model:
-            price = self._by_model[model]
-        else:
-            price = self._by_model[model] = price_for(model, self._prices)
-        charge = Charge(model, price)
-        if self.cap_usd is not None and charge.price is not None:
-            cost = tokens.estimate(body)
-            ratio = max(1.0, self._real_in / self._est_in) if self._est_in else 1.0
-            out = cost.reserved or (self._real_out / self._replies if self._replies else 0)
-            charge.prompt_tokens = cost.prompt
-            charge.estimate_usd = charge.price.cost_usd(round(cost.prompt * ratio), round(out))
-        return charge
+        plain = self._plain.get(model)
+        if plain is None:
+            plain = self._plain[model] = Charge(model, price_for(model, self._prices))
+        if self.cap_usd is None or plain.price is None:
+            return plain  # nothing to estimate or hold: one shared Charge per model
+        cost = tokens.estimate(body)
+        ratio = max(1.0, self._real_in / self._est_in) if self._est_in else 1.0
+        out = cost.reserved or (self._real_out / self._replies if self._replies else 0)
+        return Charge(
+            model,
+            plain.price,
+            cost.prompt,
+            plain.price.cost_usd(round(cost.prompt * ratio), round(out)),
+        )
 
     async def admit(self, charge: Charge) -> bool:
         """Wait until the job fits under the cap; False if it never will (the run stops)."""

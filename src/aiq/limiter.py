@@ -244,6 +244,13 @@ class RateLimiter:
         """Hold every caller for ``seconds`` (a 429 tells the whole client to back off)."""
         self._paused_until = max(self._paused_until, self._clock() + seconds)
 
+    def ticket_now(self) -> Ticket | None:
+        """A ticket without waiting when nothing paces requests (no limit known, no pause),
+        else None: then ``acquire``. No coroutine for the common case without limits."""
+        if self._requests is None and self._tokens is None and self._paused_until <= self._clock():
+            return Ticket(0, 0, self)
+        return None
+
     async def acquire(self, prompt_tokens: int = 0, reserved: int = 0) -> Ticket:
         """Wait until one request fits every budget; returns its ticket.
 

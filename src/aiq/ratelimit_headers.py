@@ -110,7 +110,7 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateL
 
 
 _PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
-_RAW_PREFIXES = tuple(p.encode() for p in _PREFIXES)
+RATE_LIMIT_PREFIXES = tuple(p.encode() for p in _PREFIXES)  # as raw header names
 
 
 def read_rate_limits(headers: Mapping[str, str]) -> RateLimitInfo | None:
@@ -118,7 +118,7 @@ def read_rate_limits(headers: Mapping[str, str]) -> RateLimitInfo | None:
     that are not OpenAI or Anthropic): a cheap check first, as this runs on every reply."""
     raw = getattr(headers, "raw", None)  # httpx.Headers: one pass over the bytes, ~1 µs
     if raw is not None:
-        if not any(k.lower().startswith(_RAW_PREFIXES) for k, _ in raw):
+        if not any(k.lower().startswith(RATE_LIMIT_PREFIXES) for k, _ in raw):
             return None
     elif not any(k.lower().startswith(_PREFIXES) for k in headers):
         return None

@@ -22,7 +22,7 @@ from . import backoff, tokens
 from .breaker import OUTAGE_ERRORS, CircuitBreaker
 from .costs import Charge, CostMeter
 from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
-from .providers.base import Provider, ProviderError
+from .providers.base import Provider, ProviderError, Reply
 from .store import DEAD, DONE, QUEUED, Job, JobStore, Outcome
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
@@ -298,19 +298,27 @@ class Worker:
 
     async def _send_admitted(self, job: Job, model: str | None, charge: Charge) -> None:
         """Wait for the limiter, send, and hand the outcome to the store."""
-        try:
-            ticket = await self._acquire(job, model)
-        except RequestTooLarge as exc:
-            self._finish(self._too_large(job, exc))
-            return
+        limiter = self._limiters.for_model(model)
+        ticket = limiter.ticket_now()
+        if ticket is None:
+            try:
+                ticket = await self._acquire(job, limiter)
+            except RequestTooLarge as exc:
+                self._finish(self._too_large(job, exc))
+                return
         if self._stop:
-            ticket.limiter.refund(ticket)
-            return  # stopped while the limiter held us (a 429 pause): not sent
+            limiter.refund(ticket)
+            return  # stopped while the limiter (or the cost cap) held us: not sent
         progress = self.progress
         progress.in_flight += 1
         self._sent.append(job.id)  # its attempt is counted at the next store cycle
+        started = time.time()
         try:
-            outcome = await self._attempt(job, ticket, charge)
+            reply = await self._provider.send(job.endpoint, job.body)
+        except ProviderError as err:
+            outcome = self._failure(job, err, started, ticket)
+        else:
+            outcome = self._success(job, reply, started, ticket, charge)
         finally:
             progress.in_flight -= 1
         self._finish(outcome)
@@ -321,8 +329,7 @@ class Worker:
         if self._cycle_due() or (self._stop and not self.progress.in_flight):
             self._wake.set()
 
-    async def _acquire(self, job: Job, model: str | None) -> Ticket:
-        limiter = self._limiters.for_model(model)
+    async def _acquire(self, job: Job, limiter: RateLimiter) -> Ticket:
         cost = tokens.estimate(job.body) if limiter.counts_tokens else tokens.NO_COST
         if not self._auto:
             return await limiter.acquire(cost.prompt, cost.reserved)
@@ -402,18 +409,17 @@ class Worker:
         async with self._gate:
             self._gate.notify_all()
 
-    async def _attempt(self, job: Job, ticket: Ticket, charge: Charge) -> Outcome:
-        started = time.time()
-        try:
-            reply = await self._provider.send(job.endpoint, job.body)
-        except ProviderError as err:
-            return self._failure(job, err, started, ticket)
+    def _success(
+        self, job: Job, reply: Reply, started: float, ticket: Ticket, charge: Charge
+    ) -> Outcome:
         finished = time.time()
         limiter = ticket.limiter
-        limiter.observe(reply.limits, ticket)
+        if reply.limits is not None:
+            limiter.observe(reply.limits, ticket)
         limiter.settle(ticket, reply.tokens_in)
-        self._probe_jobs.discard(job.id)
-        self._breaker.record(outage_like=False)
+        if self._probe_jobs:
+            self._probe_jobs.discard(job.id)
+        self._breaker.record(False)
         if self._auto:
             self._resize(finished - started)
         return Outcome(

@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import orjson
 
-from ..ratelimit_headers import read_rate_limits
 from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
 from .base import (
     ProviderError,
     Reply,
     error_from,
     exchange,
+    reply_headers,
     token_count,
 )
 
@@ -117,11 +117,12 @@ def _reply(resp: httpx.Response, raw: bytes) -> Reply:
     usage = data.get("usage")
     if not isinstance(usage, dict):
         usage = {}
+    request_id, limits = reply_headers(resp.headers, b"request-id")
     return Reply(
-        status_code=200,
-        body=raw,
-        request_id=resp.headers.get("request-id") or data.get("id"),
-        tokens_in=token_count(usage.get("input_tokens")),
-        tokens_out=token_count(usage.get("output_tokens")),
-        limits=read_rate_limits(resp.headers),
+        200,
+        raw,
+        request_id or data.get("id"),
+        token_count(usage.get("input_tokens")),
+        token_count(usage.get("output_tokens")),
+        limits,
     )

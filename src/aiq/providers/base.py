@@ -10,7 +10,7 @@ from typing import Protocol
 import httpx
 import orjson
 
-from ..ratelimit_headers import RateLimitInfo, read_rate_limits
+from ..ratelimit_headers import RATE_LIMIT_PREFIXES, RateLimitInfo, read_rate_limits
 
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
 _BY_STATUS: dict[int, tuple[str, bool, bool]] = {
@@ -126,6 +126,21 @@ def error_from(
         retry_after_s=retry_after_s(resp.headers, message),
         limits=read_rate_limits(resp.headers),
     )
+
+
+def reply_headers(
+    headers: httpx.Headers, id_name: bytes
+) -> tuple[str | None, RateLimitInfo | None]:
+    """A reply's request id (the ``id_name`` header, lower case) and its rate-limit headers,
+    in one pass over the raw headers: this runs on every reply."""
+    request_id, limited = None, False
+    for key, value in headers.raw:
+        key = key.lower()
+        if key == id_name:
+            request_id = value.decode("latin-1")
+        elif key.startswith(RATE_LIMIT_PREFIXES):
+            limited = True
+    return request_id, read_rate_limits(headers) if limited else None
 
 
 def token_count(value: object) -> int:

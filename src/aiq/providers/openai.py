@@ -8,12 +8,12 @@ from typing import Any
 import httpx
 import orjson
 
-from ..ratelimit_headers import read_rate_limits
 from .base import (
     ProviderError,
     Reply,
     error_from,
     exchange,
+    reply_headers,
     token_count,
 )
 
@@ -122,12 +122,13 @@ class OpenAIProvider:
         usage = data.get("usage")
         if not isinstance(usage, dict):
             usage = {}
+        request_id, limits = reply_headers(resp.headers, b"x-request-id")
         return Reply(
-            status_code=200,
-            body=content,
-            request_id=resp.headers.get("x-request-id") or data.get("id"),
+            200,
+            content,
+            request_id or data.get("id"),
             # /v1/responses names them input and output tokens; the rest prompt and completion.
-            tokens_in=token_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
-            tokens_out=token_count(usage.get("completion_tokens", usage.get("output_tokens"))),
-            limits=read_rate_limits(resp.headers),
+            token_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
+            token_count(usage.get("completion_tokens", usage.get("output_tokens"))),
+            limits,
         )
