@@ -710,7 +710,7 @@ class JobStore:
         state: int,
         order: str = "done",
         columns: Sequence[str] = RESULT_COLUMNS,
-    ) -> AsyncIterator[list[tuple[Any, ...]]]:
+    ) -> AsyncIterator[list[Any]]:
         """Yield, a thousand at a time, the rows of one source's items whose job is in
         ``state``: the ``columns`` named (see RESULT_COLUMNS), in finishing or input order."""
         order_by = "i.line_no, i.id" if order == "input" else "j.finished_at, i.id"
@@ -722,7 +722,7 @@ class JobStore:
         ) as cur:
             cur.arraysize = 1000
             while rows := await cur.fetchmany():
-                yield rows
+                yield list(rows)  # plain tuples: the store sets no row factory
 
 
 def require_store(path: str | os.PathLike[str]) -> None:
