@@ -21,9 +21,21 @@ def server() -> Iterator[FakeServer]:
         yield s
 
 
+# A developer's own settings must not reach a test: a real key or base URL in the
+# environment would send the tests' traffic somewhere other than 127.0.0.1.
+_OWN_SETTINGS = ("AIQ_", "OPENAI_", "ANTHROPIC_")
+
+
+@pytest.fixture(autouse=True)
+def _no_own_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith(_OWN_SETTINGS)]:
+        monkeypatch.delenv(name)
+
+
 def aiq_env(**extra: str) -> dict[str, str]:
-    """The environment of an aiq subprocess: a test key, no colour, no inherited AIQ_ vars."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIQ_", "OPENAI_"))}
+    """The environment of an aiq subprocess: a test key, no colour, none of the developer's
+    AIQ_, OPENAI_ or ANTHROPIC_ settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_OWN_SETTINGS)}
     env.update({"OPENAI_API_KEY": API_KEY, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
     env.update(extra)
     return env
