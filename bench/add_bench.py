@@ -62,7 +62,8 @@ def edit_first_line(path: Path) -> None:
 
 def child(db: str, path: str) -> None:
     """One phase, in this process: add ``path`` to the store at ``db``, print a JSON report."""
-    from aiq.inputs import Defaults, read_requests
+    from aiq.inputs import Defaults
+    from aiq.requestfile import read_requests
     from aiq.store import JobStore
 
     async def add() -> dict[str, int]:

@@ -15,7 +15,8 @@ import pytest
 
 from aiq import bulk
 from aiq import store as store_module
-from aiq.inputs import BadLine, Defaults, Request, read_requests
+from aiq.inputs import BadLine, Defaults, Request
+from aiq.requestfile import read_requests
 from aiq.store import DEAD, DONE, QUEUED, EnqueueCounts, JobStore, Outcome
 
 M = Defaults(model="m")

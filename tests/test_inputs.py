@@ -19,13 +19,12 @@ from aiq.inputs import (
     EMBEDDINGS,
     BadLine,
     Defaults,
-    IdSet,
     Request,
     canonical,
     job_key,
     parse_line,
-    read_requests,
 )
+from aiq.requestfile import IdSet, read_requests
 
 M = Defaults(model="m")
 

@@ -20,10 +20,11 @@ import httpx
 import orjson
 import pytest
 
-from aiq.inputs import Defaults, read_requests
+from aiq.inputs import Defaults
 from aiq.limiter import RateLimiter
 from aiq.providers.base import ProviderError
 from aiq.providers.openai import OpenAIProvider
+from aiq.requestfile import read_requests
 from aiq.store import DEAD, DONE, QUEUED, RESULT_COLUMNS, RUNNING, JobStore, Source
 from aiq.worker import Progress, RetryPolicy, Worker
 

@@ -20,12 +20,13 @@ from .errors import (
     UsageError,
 )
 from .forecast import Forecast
-from .inputs import BadLine, Defaults, Request, read_requests
+from .inputs import BadLine, Defaults, Request
 from .limiter import Limiters, RateLimiter
 from .outputs import Export, export_source
 from .preflight import CheckReport, Finding, run_checks
 from .pricing import DEFAULT_PRICES, PRICES_AS_OF, Price
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
+from .requestfile import read_requests
 from .runner import (
     RunSummary,
     add_file,

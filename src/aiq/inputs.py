@@ -9,36 +9,26 @@ Four line shapes are accepted (DESIGN.md, "Input lines"):
 
 The job key is a tagged sha256 over the endpoint and the canonical JSON of the body after
 defaults (sorted keys, compact, UTF-8), so key order and whitespace never change it and any
-body field does. The file is read in blocks of whole lines: memory stays flat however large
-it is, apart from ~10 bytes per custom_id (``IdSet``) to catch one given twice.
+body field does. Reading whole files is ``requestfile``'s job; this module is what one line
+means.
 
 `aiq add` must read 100,000 lines/s, so the per-line path avoids copies and calls: the
 object orjson returns is this module's to mutate, and a ``Request`` is a named tuple (a
 frozen dataclass costs four times as much to build).
-
-A reader also describes what it read as a ``Prefix`` (bytes, their sha256, what the lines
-held). The store keeps it per source; when the file still starts with those bytes and is
-read under the same rules, reading resumes after them, so re-adding a grown file costs only
-its new lines.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import struct
-import sys
-import zlib
-from array import array
-from collections.abc import Iterator
-from dataclasses import astuple, dataclass, field
-from pathlib import Path
-from typing import IO, Any, NamedTuple
+from dataclasses import astuple, dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from .errors import InputError
+if TYPE_CHECKING:
+    from .requestfile import IdSet
 
 # Bump when the canonical form changes: old keys then stop matching new ones visibly.
 KEY_TAG = b"aiq-key-v1\n"
@@ -54,15 +44,7 @@ RESPONSES = "/v1/responses"
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES)
 MESSAGES = "/v1/messages"  # Anthropic's; only Message Batches lines use it
 
-_BOM = b"\xef\xbb\xbf"
-_BLOCK = 1 << 20  # read size; a line longer than this is joined across reads
-# Reading a line takes about seven times its size in memory (the line, its parsed text, the
-# canonical body, the rows): 20 MB prompts are fine, but a one-line 1 GB file must not
-# take gigabytes. A request this large would be refused anyway.
-_MAX_LINE = 64 << 20
-_TOO_LONG = b"\0(too long)\0"  # what _blocks yields, by identity, for a line over _MAX_LINE
 _NON_JSON_NUMBER = re.compile(rb"-?(?:NaN|Infinity)")
-_READ_BATCH = 1_000  # lines per list when iterating line by line
 _ID_KEY = struct.Struct(">q")  # a custom_id hash as an IdSet key and as an integer
 _ENVELOPE = frozenset({"custom_id", "method", "url", "body"})
 _MISSING: Any = object()
@@ -118,29 +100,6 @@ class BadLine:
 
 class LineError(ValueError):
     """Why one line is invalid; the reader turns it into a BadLine with file and line."""
-
-
-@dataclass(slots=True)
-class Prefix:
-    """The whole lines at the start of a file that one read went through, and what they held.
-
-    ``ids`` holds the custom_id hashes of its valid lines (``IdSet.to_bytes``), so a line
-    appended later that repeats one is still caught.
-    """
-
-    size: int  # bytes, ending just after a newline
-    sha256: bytes
-    lines: int  # lines in those bytes, blank ones too: numbering resumes after them
-    valid: int  # how many were valid requests
-    bad: list[tuple[int, str]] = field(default_factory=list)  # (line_no, reason)
-    ids: bytes = b""
-    rules: str = ""  # fingerprint of the rules and defaults it was read under
-
-    def same(self, other: Prefix | None) -> bool:
-        """Whether ``other`` covers the same bytes read under the same rules (so holds the same)."""
-        if other is None:
-            return False
-        return (self.size, self.sha256, self.rules) == (other.size, other.sha256, other.rules)
 
 
 def canonical(obj: Any) -> bytes:
@@ -289,7 +248,7 @@ def _split(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return CHAT, obj
 
 
-def _parse(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None = None) -> Request:
+def parse_line(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None = None) -> Request:
     """Validate one stripped, non-blank line; raises LineError saying what is wrong.
 
     With ``seen``, a custom_id already in it is an error, and is added to it otherwise.
@@ -338,244 +297,3 @@ def _json_error(raw: bytes, exc: orjson.JSONDecodeError) -> str:
             "write null or a number"
         )
     return f"not valid JSON: {exc.msg} at column {exc.colno}"
-
-
-def parse_line(raw: bytes, line_no: int, defaults: Defaults) -> Request:
-    """Validate one stripped, non-blank line; raises LineError saying what is wrong."""
-    return _parse(raw, line_no, defaults)
-
-
-def _blocks(f: IO[bytes]) -> Iterator[tuple[bytes, bool]]:
-    """Blocks of whole lines from ``f``, then any unterminated last line (flag False).
-
-    A line longer than _MAX_LINE comes as ``_TOO_LONG`` instead, and the rest of it is
-    skipped unread.
-    """
-    parts: list[bytes] = []  # the line that runs past the last block, so far
-    size = 0
-    skipping = False
-    while chunk := f.read(_BLOCK):
-        if skipping:
-            end = chunk.find(b"\n") + 1
-            if not end:
-                continue
-            chunk, skipping = chunk[end:], False
-        cut = chunk.rfind(b"\n") + 1
-        if cut:
-            yield b"".join([*parts, chunk[:cut]]), True
-            parts, size, chunk = [], 0, chunk[cut:]
-        if chunk:
-            parts.append(chunk)
-            size += len(chunk)
-            if size > _MAX_LINE:
-                yield _TOO_LONG, True
-                parts, size, skipping = [], 0, True
-    if parts:
-        yield b"".join(parts), False
-
-
-class IdSet:
-    """An exact set of 8-byte keys at ~10 bytes each, where a ``set`` of them takes ~70.
-
-    It holds the custom_id hashes of a whole file while it is read: a million in ~12 MB
-    instead of ~70, which is what keeps `aiq add` of such a file under 200 MB. Keys are
-    packed into 65,536 buckets by their first two bytes, so a lookup is one C-level ``find``
-    in a bucket of about n/65,536 keys; an add costs ~0.5 us against a set's ~0.2.
-    """
-
-    __slots__ = ("_buckets",)
-
-    def __init__(self) -> None:
-        self._buckets = [[bytearray() for _ in range(256)] for _ in range(256)]
-
-    def __len__(self) -> int:
-        return sum(len(b) for row in self._buckets for b in row) // 8
-
-    def __contains__(self, key: bytes) -> bool:
-        return _aligned(self._buckets[key[0]][key[1]], key) != -1
-
-    def add(self, key: bytes) -> bool:
-        """Add an 8-byte ``key``; False if it was already there."""
-        bucket = self._buckets[key[0]][key[1]]
-        # A miss costs one find; only a hit needs the alignment check.
-        if bucket.find(key) != -1 and _aligned(bucket, key) != -1:
-            return False
-        bucket += key
-        return True
-
-    def discard(self, key: bytes) -> None:
-        bucket = self._buckets[key[0]][key[1]]
-        at = _aligned(bucket, key)
-        if at != -1:
-            del bucket[at : at + 8]
-
-    def to_bytes(self) -> bytes:
-        """Bucket sizes (uint32 little endian, zlib: mostly zeros for a small set), then the
-        keys bucket by bucket."""
-        sizes = array("I", (len(b) // 8 for row in self._buckets for b in row))
-        if sys.byteorder == "big":
-            sizes.byteswap()
-        head = zlib.compress(sizes.tobytes(), 1)
-        keys = b"".join(b for row in self._buckets for b in row)
-        return len(head).to_bytes(4, "little") + head + keys
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> IdSet:
-        ids = cls()
-        if not data:
-            return ids
-        at = 4 + int.from_bytes(data[:4], "little")
-        sizes = array("I")
-        sizes.frombytes(zlib.decompress(data[4:at]))
-        if sys.byteorder == "big":
-            sizes.byteswap()
-        view = memoryview(data)
-        for i, n in enumerate(sizes):
-            if n:
-                ids._buckets[i >> 8][i & 0xFF] += view[at : at + 8 * n]
-                at += 8 * n
-        return ids
-
-
-def _aligned(bucket: bytearray, key: bytes) -> int:
-    """Offset of ``key`` as a whole entry of ``bucket``, or -1."""
-    i = bucket.find(key)
-    # A match straddling two entries is not one (it takes a 64-bit coincidence).
-    while i != -1 and i % 8:
-        i = bucket.find(key, i + 1)
-    return i
-
-
-class RequestFile:
-    """A JSONL prompt file: iterate it for a Request or a BadLine per non-blank line, in order.
-
-    A custom_id given twice in the file makes the later line a BadLine. ``read(after=...)``
-    can skip a prefix an earlier read described, and leaves ``prefix`` describing this read.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], defaults: Defaults) -> None:
-        self.path = Path(path)
-        self.name = str(path)
-        self.defaults = defaults
-        self.rules = rules_fingerprint(defaults)
-        self.skipped: Prefix | None = None  # the prefix the last read() skipped, if any
-        self.prefix: Prefix | None = None  # what the last complete read() went through
-
-    def __iter__(self) -> Iterator[Request | BadLine]:
-        return self.read()
-
-    def _open(self) -> IO[bytes]:
-        if self.path.is_dir():
-            raise InputError(f"{self.name}: is a directory; give a JSONL file")
-        try:
-            return self.path.open("rb")
-        except FileNotFoundError:
-            raise InputError(f"{self.name}: no such file") from None
-        except OSError as exc:
-            raise InputError(f"{self.name}: cannot read ({exc.strerror})") from None
-
-    def _start(self, f: IO[bytes], after: Prefix | None) -> tuple[Any, Prefix, IdSet]:
-        """(hasher, prefix so far, custom_id hashes seen): after ``after`` if the open file
-        still starts with it and the rules match, else at the start with nothing seen."""
-        if after is not None and after.rules == self.rules:
-            hasher = hashlib.sha256()
-            left = after.size
-            while left > 0 and (chunk := f.read(min(left, _BLOCK))):
-                hasher.update(chunk)
-                left -= len(chunk)
-            if not left and hasher.digest() == after.sha256:
-                self.skipped = after
-                p = Prefix(
-                    after.size, b"", after.lines, after.valid, [*after.bad], rules=self.rules
-                )
-                return hasher, p, IdSet.from_bytes(after.ids)
-            f.seek(0)
-        return hashlib.sha256(), Prefix(0, b"", 0, 0, rules=self.rules), IdSet()
-
-    def read(self, *, after: Prefix | None = None) -> Iterator[Request | BadLine]:
-        """Yield a Request or a BadLine per non-blank line; raises InputError if unreadable.
-
-        With ``after``, lines in a prefix the file still starts with (read under the same
-        rules) are skipped and ``skipped`` is set; otherwise the whole file is read. Once
-        exhausted, ``prefix`` describes every newline-terminated line of the file.
-        """
-        for batch in self.batches(_READ_BATCH, after=after):
-            yield from batch
-
-    def batches(
-        self, size: int, *, after: Prefix | None = None
-    ) -> Iterator[list[Request | BadLine]]:
-        """What ``read`` yields, in lists of up to ``size`` (the store's bulk path)."""
-        self.skipped = self.prefix = None
-        with self._open() as f:
-            hasher, p, seen = self._start(f, after)
-            growing: Request | None = None  # an unterminated last line: it may still grow
-            name, defaults, bad, valid = self.name, self.defaults, p.bad, p.valid
-            out: list[Request | BadLine] = []
-            resumable = True  # False once _blocks skipped a line
-            for block, whole in _blocks(f):
-                if block is _TOO_LONG:
-                    p.lines += 1
-                    out.append(BadLine(name, p.lines, _too_long()))
-                    resumable = False
-                    continue
-                text = block[3:] if p.size == 0 and block.startswith(_BOM) else block
-                lines = text.split(b"\n")
-                if whole:
-                    lines.pop()  # the empty string after the last newline
-                line_no = p.lines
-                for raw in lines:
-                    line_no += 1
-                    raw = raw.strip()
-                    if not raw:
-                        continue
-                    try:
-                        req = _parse(raw, line_no, defaults, seen)
-                    except LineError as exc:
-                        out.append(BadLine(name, line_no, _reason(exc, whole)))
-                        if whole:
-                            bad.append((line_no, str(exc)))
-                    else:
-                        out.append(req)
-                        if whole:
-                            valid += 1
-                        elif not req.derived_id:
-                            growing = req
-                    if len(out) >= size:
-                        yield out
-                        out = []
-                if whole:
-                    hasher.update(block)
-                    p.size += len(block)
-                    p.lines = line_no
-            if out:
-                yield out
-            if growing is not None:
-                seen.discard(_ID_KEY.pack(growing.id_hash))
-            p.valid = valid
-            p.sha256 = hasher.digest()
-            p.ids = seen.to_bytes()
-            # A skipped line's bytes were neither hashed nor counted: the next read reads all.
-            self.prefix = p if resumable else None
-
-
-def _reason(exc: LineError, whole: bool) -> str:
-    if not whole and str(exc).startswith("not valid JSON"):
-        return f"{exc} (the last line, with no newline: cut short?)"
-    return str(exc)
-
-
-def _too_long() -> str:
-    return (
-        f"longer than {_MAX_LINE >> 20} MiB: not read (too large for one request; is this a "
-        "JSONL file, one request per line?)"
-    )
-
-
-def read_requests(path: str | os.PathLike[str], defaults: Defaults) -> RequestFile:
-    """The requests of a JSONL file: iterate for a Request or a BadLine per non-blank line.
-
-    A custom_id given twice in one file makes the later line a BadLine. Iterating raises
-    InputError when the file itself cannot be read.
-    """
-    return RequestFile(path, defaults)

@@ -72,7 +72,7 @@ MIGRATIONS: list[tuple[str, str]] = [
             INSERT INTO repointed (k64) VALUES (OLD.job_k64);
         END;
 
-        -- What the last completed `add` of a source read (inputs.Prefix): when the file still
+        -- What the last completed `add` of a source read (requestfile.Prefix): when the file still
         -- starts with those bytes, the next `add` reads only what follows them.
         CREATE TABLE prefixes (
             source_id INTEGER PRIMARY KEY REFERENCES sources (id),

@@ -29,7 +29,6 @@ from .errors import (
     UsageError,
 )
 from .forecast import Forecast, Forecaster
-from .inputs import read_requests
 from .limiter import Limiters
 from .lock import StoreLock
 from .metrics import MetricsWriter
@@ -39,6 +38,7 @@ from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
+from .requestfile import read_requests
 from .store import EnqueueCounts, JobStore, Source, Stats, require_store
 from .transport import AiohttpTransport
 from .worker import Progress, RetryPolicy, Worker

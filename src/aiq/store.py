@@ -22,8 +22,9 @@ import orjson
 
 from . import bulk
 from .errors import StoreError
-from .inputs import BadLine, Prefix, Request, RequestFile
+from .inputs import BadLine, Request
 from .migrations import MIGRATIONS
+from .requestfile import Prefix, RequestFile
 
 QUEUED, RUNNING, DONE, DEAD = 0, 1, 2, 3
 STATE_NAMES = ("queued", "running", "done", "dead")
