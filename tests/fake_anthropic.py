@@ -8,7 +8,8 @@ differently, as its API reference describes it:
   header is required (400), and so are ``max_tokens`` and ``messages`` (400);
 - a reply is a Message: ``{"id": "msg_…", "type": "message", "role": "assistant", "content":
   [{"type": "text", "text": …}], "stop_reason": "end_turn", "usage": {"input_tokens",
-  "output_tokens"}}``, with the request id in the ``request-id`` header;
+  "output_tokens"}}``, with the request id in the ``request-id`` header; ``system`` blocks
+  marked ``cache_control`` are written to a prompt cache, then read (``account_cache``);
 - errors are ``{"type": "error", "error": {"type": "rate_limit_error", "message": …}}``; an
   overloaded API answers 529 ``overloaded_error`` where OpenAI answers 503;
 - rate-limit headers are ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``, the
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -122,6 +123,35 @@ def message_reply(
         "stop_reason": "end_turn",
         "stop_sequence": None,
         "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
+
+
+def account_cache(
+    payload: dict[str, Any], body: Any, written: set[str], tokens: Callable[[str], int]
+) -> None:
+    """Prompt caching, for ``system`` blocks only: the text up to the last block marked
+    ``cache_control`` is written to the cache the first time (``written`` remembers it) and
+    read after; either way ``input_tokens`` leaves it out, as Anthropic's usage does."""
+    system = body.get("system") if isinstance(body, dict) else None
+    text, mark = "", None
+    for block in system if isinstance(system, list) else ():
+        if isinstance(block, dict) and isinstance(block.get("text"), str):
+            text += block["text"]
+            if isinstance(block.get("cache_control"), dict):
+                mark = (text, block["cache_control"].get("ttl", "5m"))
+    if mark is None:
+        return
+    prefix, ttl = mark
+    n = tokens(prefix)
+    usage = payload["usage"]
+    usage["input_tokens"] = max(0, usage["input_tokens"] - n)
+    new = prefix not in written
+    written.add(prefix)
+    usage["cache_creation_input_tokens"] = n if new else 0
+    usage["cache_read_input_tokens"] = 0 if new else n
+    usage["cache_creation"] = {
+        "ephemeral_5m_input_tokens": n if new and ttl != "1h" else 0,
+        "ephemeral_1h_input_tokens": n if new and ttl == "1h" else 0,
     }
 
 

@@ -602,6 +602,7 @@ class FakeServer:
         self._record = record
         self._lock = threading.Lock()
         self._log: list[LoggedRequest] = []
+        self._cached: set[str] = set()  # Anthropic prompt-cache prefixes written so far
         self._seen: Counter[bytes] = Counter()  # body -> times drawn for, so retries redraw
         self._limiter = _RateLimiter()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -782,8 +783,15 @@ class FakeServer:
             )
         drawn = self._draw(raw)
         if drawn is None:
-            return self._reply(ex, 200, _BUILDERS[path](body, ex.prompt))
+            return self._reply(ex, 200, self._build(path, body, ex.prompt))
         return await self._inject(ex, path, *drawn)
+
+    def _build(self, path: str, body: Any, prompt: str) -> dict:
+        """The 200 reply to a request; an Anthropic one with its prompt-cache usage."""
+        payload = _BUILDERS[path](body, prompt)
+        if path == anthropic.PATH:
+            anthropic.account_cache(payload, body, self._cached, _tokens)
+        return payload
 
     def _refused(self, request: web.Request, path: str, body: Any) -> tuple[int, dict] | None:
         """The error a request gets before it reaches any model (auth, forced, bad URL or JSON)."""
@@ -876,7 +884,7 @@ class FakeServer:
             # Anthropic says "overloaded" with a 529 where OpenAI sends a 503.
             status = anthropic.OVERLOADED if ex.anthropic and kind == "503" else int(kind)
             return self._reply(ex, status, self._error_body(ex, status))
-        payload = _BUILDERS[path](ex.body, ex.prompt)
+        payload = self._build(path, ex.body, ex.prompt)
         if kind == "malformed":
             return self._reply(ex, 200, malformed_body(payload, truncate=bool(digest[9] & 1)))
         return await self._hang(ex, payload)

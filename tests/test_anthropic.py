@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -524,3 +525,50 @@ def test_rate_limit_headers_over_real_http() -> None:
     assert (err.error_type, err.status_code, err.retryable) == ("rate_limit", 429, True)
     assert err.retry_after_s is not None and 55 < err.retry_after_s <= 60
     assert err.limits is not None and err.limits.requests.remaining == 0
+
+
+def test_prompt_cache_tokens_are_counted_and_priced_as_anthropic_bills_them(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    # input_tokens leaves out the cached part of a prompt: a cache write costs 1.25x the input
+    # price (2x for the 1-hour cache), a read 0.1x. Counting input_tokens alone would show a
+    # cached batch as nearly free, and let --max-cost overspend.
+    (tmp_path / "aiq.yaml").write_text("prices:\n  claude-x: {input: 3, output: 15}\n")
+    shared = "You answer questions about one long document. " * 40
+    lines = []
+    for i, ttl in enumerate(["5m", "5m", "5m", "1h", "1h"]):
+        control = {"type": "ephemeral", "ttl": ttl}
+        system = [{"type": "text", "text": f"[{ttl}] " + shared, "cache_control": control}]
+        params = {"system": system, "messages": [{"role": "user", "content": f"question {i}?"}]}
+        lines.append({"custom_id": f"c{i}", "params": params})
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    proc = _run(tmp_path, server, "c.jsonl", "--concurrency", "1")  # one at a time: write, read
+
+    assert proc.returncode == 0, proc.stderr
+    usage = {
+        r["custom_id"]: r["response"]["body"]["usage"]
+        for r in read_jsonl(tmp_path / "c.results.jsonl")
+    }
+    writes = [c for c in sorted(usage) if usage[c]["cache_creation_input_tokens"]]
+    assert writes == ["c0", "c3"]  # each cache written once (5-minute, 1-hour), then read
+    db = sqlite3.connect(tmp_path / ".aiq" / "aiq.db")
+    try:
+        stored = {
+            cid: (tokens_in, cost)
+            for cid, tokens_in, cost in db.execute(
+                "SELECT i.custom_id, j.tokens_in, j.cost_usd FROM items i "
+                "JOIN jobs j ON j.k64 = i.job_k64"
+            )
+        }
+    finally:
+        db.close()
+    for cid, u in usage.items():
+        tokens_in, cost = stored[cid]
+        written, read = u["cache_creation_input_tokens"], u["cache_read_input_tokens"]
+        assert tokens_in == u["input_tokens"] + written + read > u["input_tokens"]
+        hour = u["cache_creation"]["ephemeral_1h_input_tokens"]
+        billed = u["input_tokens"] + 1.25 * (written - hour) + 2 * hour + 0.1 * read
+        assert cost == pytest.approx((billed * 3 + u["output_tokens"] * 15) / 1e6)
+    status = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
+    assert status["tokens_in"] == sum(tokens_in for tokens_in, _ in stored.values())

@@ -89,8 +89,11 @@ class CostMeter:
         self._held_usd += charge.estimate_usd
         return True
 
-    def settle(self, charge: Charge, tokens_in: int, tokens_out: int) -> float | None:
-        """A reply came: its cost (None without a price), now counted as spent."""
+    def settle(
+        self, charge: Charge, tokens_in: int, tokens_out: int, billed_in: float | None = None
+    ) -> float | None:
+        """A reply came: its cost (None without a price), now counted as spent. ``billed_in``:
+        the prompt in tokens at the input price, if not all of it is (``Reply.billed_in``)."""
         self.release(charge)
         self._est_in += charge.prompt_tokens
         self._real_in += tokens_in if charge.prompt_tokens else 0
@@ -98,7 +101,7 @@ class CostMeter:
         self._real_out += tokens_out
         if charge.price is None:
             return None
-        cost = charge.price.cost_usd(tokens_in, tokens_out)
+        cost = charge.price.cost_usd(tokens_in if billed_in is None else billed_in, tokens_out)
         self.spent_usd += cost
         return cost
 

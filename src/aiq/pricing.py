@@ -23,7 +23,7 @@ class Price:
     input_per_m: float
     output_per_m: float
 
-    def cost_usd(self, tokens_in: int, tokens_out: int) -> float:
+    def cost_usd(self, tokens_in: float, tokens_out: float) -> float:
         """What ``tokens_in`` prompt and ``tokens_out`` completion tokens cost."""
         return (tokens_in * self.input_per_m + tokens_out * self.output_per_m) / 1_000_000
 

@@ -435,7 +435,7 @@ class Worker:
             tokens_out=reply.tokens_out,
             latency_s=finished - started,
             model=charge.model,
-            cost_usd=self.costs.settle(charge, reply.tokens_in, reply.tokens_out),
+            cost_usd=self.costs.settle(charge, reply.tokens_in, reply.tokens_out, reply.billed_in),
         )
 
     def _failure(self, job: Job, err: ProviderError, started: float, ticket: Ticket) -> Outcome:

@@ -48,6 +48,9 @@ class Reply:
     tokens_in: int
     tokens_out: int
     limits: RateLimitInfo | None = None  # the server's rate-limit headers, if it sent any
+    # The prompt in tokens at the input price, when the provider prices parts of it otherwise
+    # (Anthropic's prompt cache); None: tokens_in.
+    billed_in: float | None = None
 
 
 class ProviderError(Exception):
