@@ -31,6 +31,7 @@ class CircuitBreaker:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._recent: deque[bool] = deque(maxlen=window)  # True: an outage-like failure
+        self._bad = 0  # how many of _recent are True (a running sum: this runs every call)
         self._min_calls = min_calls
         self._threshold = threshold
         self._probe_base_s = probe_base_s
@@ -84,10 +85,12 @@ class CircuitBreaker:
             delay = self._probe_base_s * 2.0 ** min(self._probes, 64)
             self._next_probe_at = self._clock() + min(self._probe_cap_s, delay)
             return
-        self._recent.append(outage_like)
-        if len(self._recent) >= self._min_calls and sum(self._recent) >= self._threshold * len(
-            self._recent
-        ):
+        recent = self._recent
+        if len(recent) == recent.maxlen:
+            self._bad -= recent[0]  # about to drop off the window
+        recent.append(outage_like)
+        self._bad += outage_like
+        if len(recent) >= self._min_calls and self._bad >= self._threshold * len(recent):
             self.opened_at = self._clock()
             self._probes = 0
             self._next_probe_at = self.opened_at + self._probe_base_s
@@ -96,3 +99,4 @@ class CircuitBreaker:
         self.opened_at = None
         self._probing = False
         self._recent.clear()
+        self._bad = 0
