@@ -153,7 +153,7 @@ def test_run_sends_exactly_the_valid_lines_of_a_messy_file(
 
 def test_strict_refuses_the_whole_file(tmp_path: Path) -> None:
     proc = _add(tmp_path, A + b"\n[1]\n" + B + b"\n", "--strict")
-    _one_error(proc, "in.jsonl: 1 invalid line(s); nothing was enqueued (--strict)",
+    _one_error(proc, "in.jsonl: 1 invalid line; nothing was enqueued (--strict)",
                "in.jsonl:2: expected a JSON object, got an array")  # fmt: skip
     assert _queued(tmp_path) == 0
 

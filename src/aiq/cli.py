@@ -459,7 +459,7 @@ def replay_dead(
         n = asyncio.run(
             runner.replay_dead(_config(db, config), error_type=error, custom_ids=tuple(ids or ()))
         )
-        print(f"replayed {n} dead job(s); run `aiq resume` to send them")
+        print(f"replayed {report.plural(n, 'dead job')}; run `aiq resume` to send them")
 
     _guard(traceback, body)
 

@@ -33,7 +33,7 @@ def forecast_lines(f: Forecast) -> list[str]:
         skipped.append(f"{f.duplicates:,} repeating an earlier line's request")
     if f.done_before:
         skipped.append(f"{f.done_before:,} done before")
-    lines.append(f"{f.path}: {', '.join(skipped)} → {_requests(f.requests)} to send")
+    lines.append(f"{f.path}: {', '.join(skipped)} → {plural(f.requests, 'request')} to send")
     if f.store_note:
         lines.append(f.store_note)
     width = max([len(str(m.model)) for m in f.models.values()] + [5])
@@ -53,8 +53,8 @@ def forecast_lines(f: Forecast) -> list[str]:
     unbounded = sum(m.unbounded for m in f.models.values())
     if unbounded:
         lines.append(
-            f"{_requests(unbounded)} set no max_tokens: their output is not in the estimate "
-            "(set max_tokens for an upper bound)"
+            f"{plural(unbounded, 'request')} set no max_tokens: their output is not in the "
+            "estimate (set max_tokens for an upper bound)"
         )
     else:
         lines.append("output is counted at its ceiling (max_tokens x n): an upper bound")
@@ -97,5 +97,6 @@ def cost_lines(s: Stats) -> list[str]:
     return lines
 
 
-def _requests(n: int) -> str:
-    return f"{n:,} request" if n == 1 else f"{n:,} requests"
+def plural(n: int, noun: str) -> str:
+    """``1 request``, ``2,000 requests``: a count and its noun, agreeing."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

@@ -38,6 +38,7 @@ from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
+from .report import plural
 from .requestfile import read_requests
 from .store import EnqueueCounts, JobStore, Source, Stats, require_store
 from .transport import AiohttpTransport
@@ -99,7 +100,7 @@ async def _enqueue(
             listing = "\n".join(f"  {b}" for b in bad[:20])
             more = f"\n  … and {len(bad) - 20} more" if len(bad) > 20 else ""
             raise InputError(
-                f"{path}: {len(bad)} invalid line(s); nothing was enqueued (--strict):\n"
+                f"{path}: {plural(len(bad), 'invalid line')}; nothing was enqueued (--strict):\n"
                 f"{listing}{more}"
             )
     source = await store.add_source(
@@ -383,7 +384,7 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
     if forecast.invalid and (config.strict or not forecast.valid):  # run would refuse it
         first = "\n".join(f"  {b}" for b in forecast.bad_lines[:5])
         why = (
-            f"{forecast.invalid} invalid line(s), and --strict refuses the file"
+            f"{plural(forecast.invalid, 'invalid line')}, and --strict refuses the file"
             if forecast.valid
             else f"no valid line in {forecast.invalid}"
         )
