@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import read_jsonl, run_aiq, write_prompts
+from conftest import aiq_env, read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer
 
 
@@ -54,3 +54,13 @@ def test_missing_input_file_is_a_clear_error(tmp_path: Path) -> None:
     proc = run_aiq("run", "nope.jsonl", "--provider", "simulated", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "nope.jsonl: no such file" in proc.stderr
+
+
+def test_help_shows_where_each_path_defaults_to(tmp_path: Path) -> None:
+    # Square brackets in a help string are rich markup: "[default: …]" vanished from --help.
+    proc = run_aiq("run", "--help", cwd=tmp_path, env=aiq_env(COLUMNS="200"))
+
+    assert proc.returncode == 0, proc.stderr
+    for shown in (".aiq/aiq.db", "aiq.yaml", "<input>.results.jsonl", "<input>.dead.jsonl"):
+        assert shown in proc.stdout, shown
+    assert "$OPENAI_BASE_URL" in proc.stdout

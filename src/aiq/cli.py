@@ -34,23 +34,27 @@ app = typer.Typer(
 T = TypeVar("T")
 
 DbOpt = Annotated[
-    Path | None, typer.Option("--db", help="Store path [default: .aiq/aiq.db, or $AIQ_DB].")
+    Path | None, typer.Option("--db", help="Store path (default: .aiq/aiq.db, or $AIQ_DB).")
 ]
 ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="YAML config [default: aiq.yaml if present].")
+    Path | None, typer.Option("--config", help="YAML config (default: aiq.yaml if present).")
 ]
 TracebackOpt = Annotated[bool, typer.Option("--traceback", help="Show tracebacks for errors.")]
 OutOpt = Annotated[
-    str | None, typer.Option("--out", help="Results file [default: <input>.results.jsonl].")
+    str | None, typer.Option("--out", help="Results file (default: <input>.results.jsonl).")
 ]
 DeadOpt = Annotated[
-    str | None, typer.Option("--dead", help="Dead letters [default: <input>.dead.jsonl].")
+    str | None, typer.Option("--dead", help="Dead letters (default: <input>.dead.jsonl).")
 ]
 ProviderOpt = Annotated[
     str | None, typer.Option("--provider", help="openai | anthropic | simulated.")
 ]
 BaseUrlOpt = Annotated[
-    str | None, typer.Option("--base-url", help="API base URL [env OPENAI_BASE_URL].")
+    str | None,
+    typer.Option(
+        "--base-url",
+        help="API base URL (default: $OPENAI_BASE_URL, or $ANTHROPIC_BASE_URL for anthropic).",
+    ),
 ]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model for lines naming none.")]
 ConcurrencyOpt = Annotated[
