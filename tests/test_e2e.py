@@ -221,6 +221,28 @@ def test_order_input_writes_results_in_input_order(
     assert ids == [cid for cid, _ in prompts]
 
 
+def test_each_input_file_exports_its_own_results(tmp_path: Path, server: FakeServer) -> None:
+    # One input file is exported by a table scan, several through the items' index: both must
+    # give each file exactly its own lines, also where two files share a request.
+    first = _prompts(30, tag="a")
+    write_prompts(tmp_path / "a.jsonl", first)
+    assert run_aiq("run", "a.jsonl", *_run_args(server), cwd=tmp_path).returncode == 0
+    one_file = read_jsonl(tmp_path / "a.results.jsonl")
+    second = [(f"s{i}", text) for i, (_, text) in enumerate(first[:10])] + _prompts(15, tag="b")
+    write_prompts(tmp_path / "b.jsonl", second)
+    assert run_aiq("run", "b.jsonl", *_run_args(server), cwd=tmp_path).returncode == 0
+
+    assert run_aiq("export", cwd=tmp_path).returncode == 0
+    for name, prompts in (("a", first), ("b", second)):
+        results = read_jsonl(tmp_path / f"{name}.results.jsonl")
+        assert sorted(r["custom_id"] for r in results) == sorted(cid for cid, _ in prompts)
+        replies = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"]
+                   for r in results}  # fmt: skip
+        assert replies == {cid: server.reply_text(text) for cid, text in prompts}
+    assert read_jsonl(tmp_path / "a.results.jsonl") == one_file  # the same lines, same order
+    assert len(_sent_prompts(server)) == 30 + 15  # b's first ten were a's requests
+
+
 def test_demo_runs_on_the_simulated_provider(tmp_path: Path) -> None:
     sample = Path(__file__).parents[1] / "sample_inputs" / "prompts.jsonl"
     (tmp_path / "prompts.jsonl").write_bytes(sample.read_bytes())

@@ -718,9 +718,15 @@ class JobStore:
         """Yield, a thousand at a time, the rows of one source's items whose job is in
         ``state``: the ``columns`` named (see RESULT_COLUMNS), in finishing or input order."""
         order_by = "i.line_no, i.id" if order == "input" else "j.finished_at, i.id"
+        # Through its index, a source's items come in custom_id-hash order, and each is a
+        # random read of the items and jobs tables. When the store holds one source (the usual
+        # case), reading items in table order is sequential, and so nearly are their jobs
+        # (added in the same batches): 600,000 results read in 2.3 s instead of 4.2.
+        ((sources,),) = await self._db.execute_fetchall("SELECT count(*) FROM sources")
+        items = "items i NOT INDEXED" if sources == 1 else "items i"
         async with self._db.execute(
             f"SELECT {', '.join(_RESULT_SQL[c] for c in columns)} "
-            "FROM items i JOIN jobs j ON j.k64 = i.job_k64 "
+            f"FROM {items} JOIN jobs j ON j.k64 = i.job_k64 "
             f"WHERE i.source_id = ? AND j.state = ? ORDER BY {order_by}",
             (source.id, state),
         ) as cur:
