@@ -22,8 +22,8 @@ from . import preflight, report, runner
 from .config import Config
 from .errors import AiqError
 from .outputs import open_log
-from .progress import LiveProgress, PlainProgress, fmt_duration
-from .store import EnqueueCounts, Stats
+from .progress import LiveProgress, PlainProgress
+from .store import EnqueueCounts
 
 app = typer.Typer(
     add_completion=False,
@@ -184,9 +184,12 @@ class _Display:
             show(p)
 
     def summary(self, s: runner.RunSummary) -> None:
-        lines = _summary_lines(s)
+        if s.added is not None:
+            for bad in s.added.bad_lines[:20]:
+                print(f"invalid: {bad}", file=sys.stderr)
+        lines = report.run_summary_lines(s)
         if self.as_json:
-            print(json.dumps(_summary_json(s)))
+            print(json.dumps(report.run_summary_json(s)))
         else:
             print("\n".join(lines))
         if self._log is not None:
@@ -225,69 +228,6 @@ def _run(
     finally:
         display.close()
     raise typer.Exit(summary.exit_code)
-
-
-def _summary_json(s: runner.RunSummary) -> dict[str, Any]:
-    p = s.progress
-    return {
-        "exit_code": s.exit_code,
-        "stopped": s.stopped,
-        "duration_s": round(s.duration_s, 3),
-        "done_now": p.done_now,
-        "dead_now": p.dead_now,
-        "retries": p.retries,
-        "tokens_in": p.tokens_in,
-        "tokens_out": p.tokens_out,
-        "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
-        "unpriced": p.unpriced,
-        "status": s.stats.as_dict(),
-        "outputs": [
-            {"input": e.source, "results": e.results_path, "dead": e.dead_path,
-             "results_count": e.results, "dead_count": e.dead}
-            for e in s.exports
-        ],
-    }  # fmt: skip
-
-
-def _lines(n: int) -> str:
-    return f"{n} line" if n == 1 else f"{n} lines"
-
-
-def _summary_lines(s: runner.RunSummary) -> list[str]:
-    p = s.progress
-    lines = []
-    if s.added is not None:
-        a = s.added
-        lines.append(
-            f"added: {a.new} new, {a.known} known, {a.changed} changed, {a.invalid} invalid"
-        )
-        for bad in a.bad_lines[:20]:
-            print(f"invalid: {bad}", file=sys.stderr)
-    c = s.stats.counts
-    lines.append(
-        f"finished {p.done_now} and dead-lettered {p.dead_now} in "
-        f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {p.retries} retries, "
-        f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, {report.run_cost(p)}"
-    )
-    lines.append(
-        f"store: {c['done']} done, {c['dead']} dead, {c['queued']} queued, "
-        f"{c['running']} running of {s.stats.total}"
-    )
-    for e in s.exports:
-        lines.append(f"results: {e.results_path} ({_lines(e.results)})")
-        lines.append(f"dead letters: {e.dead_path} ({_lines(e.dead)})")
-    if s.stopped == "interrupted":
-        lines.append("interrupted: run `aiq resume` to carry on where this stopped")
-    elif s.stopped == "limit":
-        lines.append("stopped at --max-runtime: run `aiq resume` to carry on")
-    elif s.stopped == "budget":
-        lines.append(
-            f"stopped at --max-cost: the store has spent {report.usd(s.stats.cost_usd)} in all; "
-            "raise the cap and `aiq resume --max-cost USD` to carry on"
-        )
-    elif s.stopped is None and c["dead"]:
-        lines.append("some jobs are dead: fix the cause, then `aiq replay-dead` and `aiq resume`")
-    return lines
 
 
 @app.command()
@@ -400,22 +340,9 @@ def status(
         if as_json:
             print(json.dumps(stats.as_dict()))
         else:
-            _print_status(stats)
+            print("\n".join(report.status_lines(stats)))
 
     _guard(traceback, body)
-
-
-def _print_status(s: Stats) -> None:
-    c = s.counts
-    print(f"total {s.total} · {s.percent_done:.1f}% finished")
-    print(f"queued {c['queued']} · running {c['running']} · done {c['done']} · dead {c['dead']}")
-    print(
-        f"rate {s.rate_per_s:.2f}/s over the last minute · eta {fmt_duration(s.eta_s)}"
-        f" · oldest queued {fmt_duration(s.oldest_queued_s) if s.oldest_queued_s else '-'}"
-    )
-    print("\n".join(report.cost_lines(s)))
-    if s.top_errors:
-        print("errors: " + ", ".join(f"{t} {n}" for t, n in s.top_errors))
 
 
 @app.command()
@@ -484,8 +411,7 @@ def export(
             runner.export_outputs(_config(db, config, order=order), out=out, dead=dead)
         )
         for e in exports:
-            print(f"results: {e.results_path} ({_lines(e.results)})")
-            print(f"dead letters: {e.dead_path} ({_lines(e.dead)})")
+            print("\n".join(report.export_lines(e)))
 
     _guard(traceback, body)
 

@@ -1,12 +1,18 @@
-"""Plain-text renderings, for the CLI, of a dry-run forecast and of costs in status."""
+"""Plain-text renderings for the CLI: a run's summary, status, exports, a dry-run forecast."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .forecast import Forecast
+from .outputs import Export
 from .pricing import PRICES_AS_OF
 from .progress import fmt_duration
 from .store import Stats
 from .worker import Progress
+
+if TYPE_CHECKING:
+    from .runner import RunSummary
 
 PRICES_NOTE = (
     f"prices: aiq's list prices as of {PRICES_AS_OF} unless the config sets `prices:`; "
@@ -100,3 +106,85 @@ def cost_lines(s: Stats) -> list[str]:
 def plural(n: int, noun: str) -> str:
     """``1 request``, ``2,000 requests``: a count and its noun, agreeing."""
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
+def run_summary_lines(s: RunSummary) -> list[str]:
+    """The end of a run, on one screen: what it did, where the store stands, the files."""
+    p = s.progress
+    lines = []
+    if s.added is not None:
+        a = s.added
+        lines.append(
+            f"added: {a.new} new, {a.known} known, {a.changed} changed, {a.invalid} invalid"
+        )
+    c = s.stats.counts
+    lines.append(
+        f"finished {p.done_now} and dead-lettered {p.dead_now} in "
+        f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {p.retries} retries, "
+        f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, {run_cost(p)}"
+    )
+    lines.append(
+        f"store: {c['done']} done, {c['dead']} dead, {c['queued']} queued, "
+        f"{c['running']} running of {s.stats.total}"
+    )
+    for e in s.exports:
+        lines.extend(export_lines(e))
+    if s.stopped == "interrupted":
+        lines.append("interrupted: run `aiq resume` to carry on where this stopped")
+    elif s.stopped == "limit":
+        lines.append("stopped at --max-runtime: run `aiq resume` to carry on")
+    elif s.stopped == "budget":
+        lines.append(
+            f"stopped at --max-cost: the store has spent {usd(s.stats.cost_usd)} in all; "
+            "raise the cap and `aiq resume --max-cost USD` to carry on"
+        )
+    elif s.stopped is None and c["dead"]:
+        lines.append("some jobs are dead: fix the cause, then `aiq replay-dead` and `aiq resume`")
+    return lines
+
+
+def run_summary_json(s: RunSummary) -> dict[str, Any]:
+    """The same, as one JSON object (``--json``)."""
+    p = s.progress
+    return {
+        "exit_code": s.exit_code,
+        "stopped": s.stopped,
+        "duration_s": round(s.duration_s, 3),
+        "done_now": p.done_now,
+        "dead_now": p.dead_now,
+        "retries": p.retries,
+        "tokens_in": p.tokens_in,
+        "tokens_out": p.tokens_out,
+        "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
+        "unpriced": p.unpriced,
+        "status": s.stats.as_dict(),
+        "outputs": [
+            {"input": e.source, "results": e.results_path, "dead": e.dead_path,
+             "results_count": e.results, "dead_count": e.dead}
+            for e in s.exports
+        ],
+    }  # fmt: skip
+
+
+def export_lines(e: Export) -> list[str]:
+    """Where one input file's results and dead letters are, and how many lines each has."""
+    return [
+        f"results: {e.results_path} ({plural(e.results, 'line')})",
+        f"dead letters: {e.dead_path} ({plural(e.dead, 'line')})",
+    ]
+
+
+def status_lines(s: Stats) -> list[str]:
+    """``aiq status``: counts, progress, rate and ETA, tokens and cost, top errors."""
+    c = s.counts
+    oldest = fmt_duration(s.oldest_queued_s) if s.oldest_queued_s else "-"
+    lines = [
+        f"total {s.total} · {s.percent_done:.1f}% finished",
+        f"queued {c['queued']} · running {c['running']} · done {c['done']} · dead {c['dead']}",
+        f"rate {s.rate_per_s:.2f}/s over the last minute · eta {fmt_duration(s.eta_s)}"
+        f" · oldest queued {oldest}",
+        *cost_lines(s),
+    ]
+    if s.top_errors:
+        lines.append("errors: " + ", ".join(f"{t} {n}" for t, n in s.top_errors))
+    return lines
