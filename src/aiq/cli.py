@@ -23,6 +23,7 @@ from .config import Config
 from .errors import AiqError
 from .outputs import open_log
 from .progress import LiveProgress, PlainProgress
+from .report import plural
 from .store import EnqueueCounts
 
 app = typer.Typer(
@@ -139,10 +140,7 @@ def _print_counts(path: Path, c: EnqueueCounts) -> None:
         print(f"invalid: {bad}", file=sys.stderr)
     if len(c.bad_lines) > 50:
         print(f"invalid: … and {len(c.bad_lines) - 50} more", file=sys.stderr)
-    print(
-        f"{path}: {c.new} new, {c.known} known, {c.changed} changed, {c.invalid} invalid "
-        f"({c.jobs_added} new requests to send)"
-    )
+    print(f"{path}: {report.add_counts(c)} ({plural(c.jobs_added, 'new request')} to send)")
 
 
 @app.command()

@@ -8,7 +8,7 @@ from .forecast import Forecast
 from .outputs import Export
 from .pricing import PRICES_AS_OF
 from .progress import fmt_duration
-from .store import Stats
+from .store import EnqueueCounts, Stats
 from .worker import Progress
 
 if TYPE_CHECKING:
@@ -103,9 +103,10 @@ def cost_lines(s: Stats) -> list[str]:
     return lines
 
 
-def plural(n: int, noun: str) -> str:
-    """``1 request``, ``2,000 requests``: a count and its noun, agreeing."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 request``, ``2,000 requests``: a count and its noun, agreeing (``nouns`` when the
+    plural is not the noun and an s)."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {nouns or noun + 's'}"
 
 
 def run_summary_lines(s: RunSummary) -> list[str]:
@@ -113,19 +114,17 @@ def run_summary_lines(s: RunSummary) -> list[str]:
     p = s.progress
     lines = []
     if s.added is not None:
-        a = s.added
-        lines.append(
-            f"added: {a.new} new, {a.known} known, {a.changed} changed, {a.invalid} invalid"
-        )
+        lines.append(f"added: {add_counts(s.added)}")
     c = s.stats.counts
+    retries = plural(p.retries, "retry", "retries")
     lines.append(
-        f"finished {p.done_now} and dead-lettered {p.dead_now} in "
-        f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {p.retries} retries, "
+        f"finished {p.done_now:,} and dead-lettered {p.dead_now:,} in "
+        f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {retries}, "
         f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, {run_cost(p)}"
     )
     lines.append(
-        f"store: {c['done']} done, {c['dead']} dead, {c['queued']} queued, "
-        f"{c['running']} running of {s.stats.total}"
+        f"store: {c['done']:,} done, {c['dead']:,} dead, {c['queued']:,} queued, "
+        f"{c['running']:,} running of {s.stats.total:,}"
     )
     for e in s.exports:
         lines.extend(export_lines(e))
@@ -166,6 +165,11 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def add_counts(c: EnqueueCounts) -> str:
+    """What an add did with a file's lines: ``3 new, 0 known, 1 changed, 0 invalid``."""
+    return f"{c.new:,} new, {c.known:,} known, {c.changed:,} changed, {c.invalid:,} invalid"
+
+
 def export_lines(e: Export) -> list[str]:
     """Where one input file's results and dead letters are, and how many lines each has."""
     return [
@@ -179,8 +183,9 @@ def status_lines(s: Stats) -> list[str]:
     c = s.counts
     oldest = fmt_duration(s.oldest_queued_s) if s.oldest_queued_s else "-"
     lines = [
-        f"total {s.total} · {s.percent_done:.1f}% finished",
-        f"queued {c['queued']} · running {c['running']} · done {c['done']} · dead {c['dead']}",
+        f"total {s.total:,} · {s.percent_done:.1f}% finished",
+        f"queued {c['queued']:,} · running {c['running']:,} · done {c['done']:,} · "
+        f"dead {c['dead']:,}",
         f"rate {s.rate_per_s:.2f}/s over the last minute · eta {fmt_duration(s.eta_s)}"
         f" · oldest queued {oldest}",
         *cost_lines(s),
