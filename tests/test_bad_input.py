@@ -264,3 +264,41 @@ def test_a_line_over_64_mib_is_reported_unread_and_the_rest_enqueued(tmp_path: P
     assert peak_mb < 170, peak_mb
     again = run_aiq("add", "in.jsonl", "--model", "m", cwd=tmp_path)
     assert "0 new, 3 known, 0 changed, 1 invalid" in again.stdout, again.stderr
+
+
+def test_many_bad_lines_are_counted_in_full_and_kept_with_reasons_only_in_part(
+    tmp_path: Path,
+) -> None:
+    # A reason per line was kept for every invalid line: a CSV of a million rows took 625 MB
+    # to refuse. Now the first KEEP_BAD_LINES keep their reasons; all are counted, also when a
+    # re-add skips the lines it has read before and reports them from the store.
+    bad = b"".join(b"%d,not json\n" % i for i in range(1_500))
+    data = A + b"\n" + bad + B + b"\n"
+
+    first = _add(tmp_path, data)
+    again = _add(tmp_path, data)
+
+    for proc in (first, again):
+        assert proc.returncode == 0, proc.stderr
+        assert "1,500 invalid" in proc.stdout
+        assert "in.jsonl:2: not valid JSON" in proc.stderr
+        assert "invalid: … and 1,450 more" in proc.stderr
+    assert "2 new, 0 known" in first.stdout and "0 new, 2 known" in again.stdout
+    with closing(sqlite3.connect(tmp_path / ".aiq" / "aiq.db")) as con:
+        ((stored,),) = con.execute("SELECT bad FROM prefixes")
+    kept = json.loads(stored)
+    assert kept["invalid"] == 1_500 and len(kept["lines"]) == 1_000
+
+
+def test_a_prefix_stored_by_an_earlier_aiq_still_counts_its_bad_lines(tmp_path: Path) -> None:
+    data = A + b"\n" + b"{oops\n" + B + b"\n"
+    assert _add(tmp_path, data).returncode == 0
+    # Before KEEP_BAD_LINES, the prefix kept a plain list of every invalid line.
+    with closing(sqlite3.connect(tmp_path / ".aiq" / "aiq.db")) as con, con:
+        con.execute("UPDATE prefixes SET bad = ?", (json.dumps([[2, "not valid JSON"]]),))
+
+    again = _add(tmp_path, data)
+
+    assert again.returncode == 0, again.stderr
+    assert "0 new, 2 known, 0 changed, 1 invalid" in again.stdout
+    assert "in.jsonl:2: not valid JSON" in again.stderr

@@ -138,8 +138,8 @@ def _fancy() -> bool:
 def _print_counts(path: Path, c: EnqueueCounts) -> None:
     for bad in c.bad_lines[:50]:
         print(f"invalid: {bad}", file=sys.stderr)
-    if len(c.bad_lines) > 50:
-        print(f"invalid: … and {len(c.bad_lines) - 50} more", file=sys.stderr)
+    if c.invalid > 50:
+        print(f"invalid: … and {c.invalid - 50:,} more", file=sys.stderr)
     print(f"{path}: {report.add_counts(c)} ({plural(c.jobs_added, 'new request')} to send)")
 
 
@@ -278,7 +278,7 @@ def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
     for bad in forecast.bad_lines[:50]:
         print(f"invalid: {bad}", file=sys.stderr)
     if forecast.invalid > 50:
-        print(f"invalid: … and {forecast.invalid - 50} more", file=sys.stderr)
+        print(f"invalid: … and {forecast.invalid - 50:,} more", file=sys.stderr)
     if as_json:
         print(json.dumps(forecast.as_dict()))
     else:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from . import tokens
-from .inputs import BadLine, Request
+from .inputs import KEEP_BAD_LINES, BadLine, Request
 from .pricing import Price, price_for
 from .store import k64
 
@@ -64,12 +64,9 @@ class Forecast:
     duplicates: int = 0  # valid lines whose request an earlier line already makes
     done_before: int = 0  # requests the store has done already: not sent again
     store_note: str | None = None  # why the store was not consulted, if it was not
-    bad_lines: list[BadLine] = field(default_factory=list)
+    invalid: int = 0  # invalid lines
+    bad_lines: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD_LINES
     models: dict[str | None, ModelForecast] = field(default_factory=dict)
-
-    @property
-    def invalid(self) -> int:
-        return len(self.bad_lines)
 
     @property
     def requests(self) -> int:
@@ -162,7 +159,9 @@ class Forecaster:
         fresh: list[tuple[int, Request]] = []
         for line in lines:
             if isinstance(line, BadLine):
-                f.bad_lines.append(line)
+                f.invalid += 1
+                if len(f.bad_lines) < KEEP_BAD_LINES:
+                    f.bad_lines.append(line)
                 continue
             f.valid += 1
             k = k64(line.key)

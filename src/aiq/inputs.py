@@ -86,6 +86,12 @@ class Request(NamedTuple):
     id_hash: int  # custom_id_hash(custom_id), the store's short id for the item
 
 
+# Invalid lines kept with their reasons, for reports (which show the first 50); the rest are
+# only counted. A file that is not JSONL at all (a CSV by mistake) has an invalid line per line:
+# a reason kept for each took 625 MB for a million of them.
+KEEP_BAD_LINES = 1_000
+
+
 @dataclass(frozen=True, slots=True)
 class BadLine:
     """An invalid input line, reported and skipped."""

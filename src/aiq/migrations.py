@@ -80,7 +80,7 @@ MIGRATIONS: list[tuple[str, str]] = [
             sha256 BLOB NOT NULL,           -- of those bytes
             lines INTEGER NOT NULL,
             valid INTEGER NOT NULL,
-            bad BLOB NOT NULL,              -- JSON [[line_no, reason], ...] of invalid lines
+            bad BLOB NOT NULL,              -- JSON {"invalid": n, "lines": [[line_no, why], …]}
             ids BLOB NOT NULL,              -- custom_id hashes, 8 bytes each, little endian
             rules TEXT NOT NULL             -- fingerprint of parse rules and defaults
         );

@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import InputError
-from .inputs import BadLine, Defaults, LineError, Request, parse_line, rules_fingerprint
+from .inputs import (
+    KEEP_BAD_LINES,
+    BadLine,
+    Defaults,
+    LineError,
+    Request,
+    parse_line,
+    rules_fingerprint,
+)
 
 _BOM = b"\xef\xbb\xbf"
 _BLOCK = 1 << 20  # read size; a line longer than this is joined across reads
@@ -47,9 +55,10 @@ class Prefix:
     sha256: bytes
     lines: int  # lines in those bytes, blank ones too: numbering resumes after them
     valid: int  # how many were valid requests
-    bad: list[tuple[int, str]] = field(default_factory=list)  # (line_no, reason)
+    bad: list[tuple[int, str]] = field(default_factory=list)  # (line_no, reason), the first
     ids: bytes = b""
     rules: str = ""  # fingerprint of the rules and defaults it was read under
+    invalid: int = 0  # invalid lines, all of them (``bad`` keeps KEEP_BAD_LINES at most)
 
     def same(self, other: Prefix | None) -> bool:
         """Whether ``other`` covers the same bytes read under the same rules (so holds the same)."""
@@ -199,7 +208,13 @@ class RequestFile:
             if not left and hasher.digest() == after.sha256:
                 self.skipped = after
                 p = Prefix(
-                    after.size, b"", after.lines, after.valid, [*after.bad], rules=self.rules
+                    after.size,
+                    b"",
+                    after.lines,
+                    after.valid,
+                    [*after.bad],
+                    rules=self.rules,
+                    invalid=after.invalid,
                 )
                 return hasher, p, IdSet.from_bytes(after.ids)
             f.seek(0)
@@ -247,7 +262,9 @@ class RequestFile:
                     except LineError as exc:
                         out.append(BadLine(name, line_no, _reason(exc, whole)))
                         if whole:
-                            bad.append((line_no, str(exc)))
+                            p.invalid += 1
+                            if len(bad) < KEEP_BAD_LINES:
+                                bad.append((line_no, str(exc)))
                     else:
                         out.append(req)
                         if whole:

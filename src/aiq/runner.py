@@ -29,6 +29,7 @@ from .errors import (
     UsageError,
 )
 from .forecast import Forecast, Forecaster
+from .inputs import BadLine
 from .limiter import Limiters
 from .lock import StoreLock
 from .metrics import MetricsWriter
@@ -95,12 +96,18 @@ async def _enqueue(
     resolved = path.resolve()
     default_out, default_dead = default_outputs(resolved)
     if config.strict:
-        bad = [b for b in read_requests(resolved, config.defaults) if not hasattr(b, "key")]
-        if bad:
-            listing = "\n".join(f"  {b}" for b in bad[:20])
-            more = f"\n  … and {len(bad) - 20} more" if len(bad) > 20 else ""
+        first: list[BadLine] = []  # to show; the rest only counted
+        invalid = 0
+        for line in read_requests(resolved, config.defaults):
+            if isinstance(line, BadLine):
+                invalid += 1
+                if len(first) < 20:
+                    first.append(line)
+        if invalid:
+            listing = "\n".join(f"  {b}" for b in first)
+            more = f"\n  … and {invalid - 20:,} more" if invalid > 20 else ""
             raise InputError(
-                f"{path}: {plural(len(bad), 'invalid line')}; nothing was enqueued (--strict):\n"
+                f"{path}: {plural(invalid, 'invalid line')}; nothing was enqueued (--strict):\n"
                 f"{listing}{more}"
             )
     source = await store.add_source(
@@ -108,10 +115,10 @@ async def _enqueue(
     )
     counts = await store.enqueue(source, read_requests(resolved, config.defaults))
     if counts.invalid and not counts.valid:
-        first = "\n".join(f"  {b}" for b in counts.bad_lines[:5])
+        shown = "\n".join(f"  {b}" for b in counts.bad_lines[:5])
         raise InputError(
-            f"{path}: no valid line in {counts.invalid} (first ones below); is it a JSONL file "
-            f"of requests, one JSON object per line? Fix it and run again:\n{first}"
+            f"{path}: no valid line in {counts.invalid:,} (first ones below); is it a JSONL "
+            f"file of requests, one JSON object per line? Fix it and run again:\n{shown}"
         )
     return source, counts
 

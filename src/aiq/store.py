@@ -22,7 +22,7 @@ import orjson
 
 from . import bulk
 from .errors import StoreError
-from .inputs import BadLine, Request
+from .inputs import KEEP_BAD_LINES, BadLine, Request
 from .migrations import MIGRATIONS
 from .requestfile import Prefix, RequestFile
 
@@ -126,7 +126,7 @@ class EnqueueCounts:
     invalid: int = 0
     jobs_added: int = 0  # distinct new requests that will be sent
     valid: int = 0
-    bad_lines: list[BadLine] = field(default_factory=list)
+    bad_lines: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD_LINES
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,8 +369,9 @@ class JobStore:
         if reader is not None and reader.skipped is not None:
             skipped = reader.skipped
             counts.valid += skipped.valid
-            counts.invalid += len(skipped.bad)
-            counts.bad_lines[:0] = [BadLine(reader.name, n, why) for n, why in skipped.bad]
+            counts.invalid += skipped.invalid
+            earlier = [BadLine(reader.name, n, why) for n, why in skipped.bad]
+            counts.bad_lines[:] = (earlier + counts.bad_lines)[:KEEP_BAD_LINES]
         async with self.transaction():
             ((repointed,),) = await self._db.execute_fetchall("SELECT count(*) FROM repointed")
             if repointed:
@@ -401,14 +402,19 @@ class JobStore:
                 await db.execute("DELETE FROM prefixes WHERE source_id = ?", (source.id,))
             return None, repointed
         size, sha256, lines, valid, bad, ids, rules = rows[0]
-        bad_lines = [(n, why) for n, why in orjson.loads(bad)]
-        return Prefix(size, sha256, lines, valid, bad_lines, ids, rules), repointed
+        stored = orjson.loads(bad)
+        if isinstance(stored, list):  # as stores wrote it before KEEP_BAD_LINES: every line
+            stored = {"invalid": len(stored), "lines": stored}
+        bad_lines = [(n, why) for n, why in stored["lines"]]
+        prefix = Prefix(size, sha256, lines, valid, bad_lines, ids, rules, stored["invalid"])
+        return prefix, repointed
 
     async def _save_prefix(self, source: Source, p: Prefix) -> None:
+        bad = orjson.dumps({"invalid": p.invalid, "lines": p.bad})
         await self._db.execute(
             "INSERT OR REPLACE INTO prefixes (source_id, size, sha256, lines, valid, bad, ids, "
             "rules) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (source.id, p.size, p.sha256, p.lines, p.valid, orjson.dumps(p.bad), p.ids, p.rules),
+            (source.id, p.size, p.sha256, p.lines, p.valid, bad, p.ids, p.rules),
         )
 
     async def _insert_all(
@@ -468,7 +474,8 @@ class JobStore:
         """Insert one batch inside the caller's transaction, adding to ``counts``."""
         counts.valid += b.valid
         counts.invalid += len(b.bad)
-        counts.bad_lines.extend(b.bad)
+        if len(counts.bad_lines) < KEEP_BAD_LINES:
+            counts.bad_lines.extend(b.bad[: KEEP_BAD_LINES - len(counts.bad_lines)])
         # rowcount excludes rows changed by triggers, unlike total_changes.
         counts.jobs_added += await self._insert_rows(bulk.jobs_sql, now, b.jobs, bulk.JOB_PARAMS)
         # Inserted plus re-pointed items; enqueue() takes the re-pointed off.
