@@ -393,7 +393,7 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
         why = (
             f"{plural(forecast.invalid, 'invalid line')}, and --strict refuses the file"
             if forecast.valid
-            else f"no valid line in {forecast.invalid}"
+            else f"no valid line in {forecast.invalid:,}"
         )
         raise InputError(f"{path}: {why} (first ones below); fix it and run again:\n{first}")
     return forecast
