@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -64,3 +65,11 @@ def test_help_shows_where_each_path_defaults_to(tmp_path: Path) -> None:
     for shown in (".aiq/aiq.db", "aiq.yaml", "<input>.results.jsonl", "<input>.dead.jsonl"):
         assert shown in proc.stdout, shown
     assert "$OPENAI_BASE_URL" in proc.stdout
+
+
+def test_version_is_the_installed_packages(tmp_path: Path) -> None:
+    # Two places say the version (pyproject.toml, aiq.__version__): they must agree.
+    proc = run_aiq("--version", cwd=tmp_path)
+
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"aiq {importlib.metadata.version('aiq')}\n"

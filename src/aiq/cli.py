@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from . import preflight, report, runner
+from . import __version__, preflight, report, runner
 from .config import Config
 from .errors import AiqError
 from .outputs import open_log
@@ -110,6 +110,24 @@ MaxCostOpt = Annotated[
 WaitOpt = Annotated[
     float, typer.Option("--wait", help="Wait up to SECONDS for another run to release the store.")
 ]
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        print(f"aiq {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Run large batches of prompts against LLM APIs: durable, resumable, rate-limited."""
 
 
 def _guard(show_traceback: bool, fn: Callable[[], T]) -> T:
