@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -409,3 +410,53 @@ def test_a_metrics_file_that_fails_mid_run_stops_it_cleanly_and_resume_finishes(
     assert sorted(r["custom_id"] for r in results) == sorted(c for c, _ in prompts)
     sent = [r.prompt for r in server.requests]
     assert len(sent) == len(set(sent)) == len(prompts)  # nothing sent twice
+
+
+def _done_store(tmp_path: Path, n: int) -> None:
+    """``n`` done jobs from p.jsonl, run on the simulated provider (no latency, no faults)."""
+    write_prompts(tmp_path / "p.jsonl", _prompts(n))
+    (tmp_path / "aiq.yaml").write_text(
+        "provider: simulated\nsimulated_latency_s: 0\nsimulated_error_rate: 0\n"
+    )
+    proc = run_aiq("run", "p.jsonl", "--concurrency", "64", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_an_export_killed_mid_write_leaves_no_file_behind(tmp_path: Path) -> None:
+    # kill -9 (or a reboot) mid-export leaves <file>.tmp-<pid>, as large as the results; the
+    # next export removes it. Another process's, still alive, is left alone.
+    _done_store(tmp_path, 50)
+    before = (tmp_path / "p.results.jsonl").read_bytes()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    orphan = tmp_path / f"p.results.jsonl.tmp-{int(dead.stdout)}"
+    in_use = tmp_path / f"p.results.jsonl.tmp-{os.getpid()}"
+    orphan.write_bytes(b"half an export")
+    in_use.write_bytes(b"another export, going on")
+
+    assert run_aiq("export", cwd=tmp_path).returncode == 0
+
+    assert not orphan.exists() and in_use.exists()
+    assert (tmp_path / "p.results.jsonl").read_bytes() == before
+
+
+def test_sigterm_mid_export_exits_143_and_keeps_the_old_files(tmp_path: Path) -> None:
+    # SIGTERM (cron, systemd) used to kill an export outright, leaving its temporary file.
+    _done_store(tmp_path, 20_000)
+    results = tmp_path / "p.results.jsonl"
+    before = results.read_bytes()
+    for _ in range(5):  # the signal must land while the file is being written: retry if not
+        proc = start_aiq("export", cwd=tmp_path)
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("p.results.jsonl.tmp-*")) and proc.poll() is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        if code != 0:  # 0: it finished before the signal landed
+            break
+    else:
+        pytest.skip("every export finished before the signal landed")
+    assert code == 143
+    assert list(tmp_path.glob("*.tmp-*")) == []
+    assert results.read_bytes() == before

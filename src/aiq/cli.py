@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from datetime import datetime
@@ -434,4 +435,11 @@ def export(
 
 def main() -> None:
     """Console-script entry point."""
+    # SIGTERM (cron, systemd, a container stopping) ends a command as Ctrl-C does: files being
+    # written are removed, not left half-done. `run` drains on it instead, while it works.
+    signal.signal(signal.SIGTERM, _terminated)
     app()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -56,7 +56,8 @@ class _AtomicFile:
     """Write to ``<path>.tmp-<pid>``, fsync, then rename over ``path`` (owner-only, 0600).
 
     An OSError (a full disk, a read-only directory) becomes an OutputError naming the file;
-    the old file then stays as it was.
+    the old file then stays as it was. A process killed mid-write (kill -9, a reboot) leaves
+    its temporary file behind, as large as the results: the next write of ``path`` removes it.
     """
 
     def __init__(self, path: str, *, mode: int = 0o600) -> None:
@@ -67,6 +68,7 @@ class _AtomicFile:
     def __enter__(self) -> IO[bytes]:
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _remove_orphans(self.path)
             fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
         except OSError as exc:
             raise cannot_write(self.path, exc) from exc
@@ -92,6 +94,33 @@ class _AtomicFile:
             os.unlink(self.tmp)
         if isinstance(failed, OSError):
             raise cannot_write(self.path, failed) from failed
+
+
+def _remove_orphans(path: str) -> None:
+    """Remove ``<path>.tmp-<pid>`` files whose process is gone (another one's is in use)."""
+    directory, name = os.path.split(path)
+    prefix = name + ".tmp-"
+    with os.scandir(directory or ".") as entries:
+        orphans = [
+            e.path
+            for e in entries
+            if e.name.startswith(prefix)
+            and e.name[len(prefix) :].isdigit()
+            and not _alive(int(e.name[len(prefix) :]))
+        ]
+    for orphan in orphans:
+        with contextlib.suppress(OSError):
+            os.unlink(orphan)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True  # another user's process, or no pid at all: not ours to remove
+    return True
 
 
 def cannot_write(path: str | os.PathLike[str], exc: OSError) -> OutputError:

@@ -293,8 +293,10 @@ async def _work(
         worker.stop()
 
     deadline = loop.call_later(config.max_runtime_s, on_deadline) if config.max_runtime_s else None
+    # asyncio puts back the defaults, not what was there: keep the CLI's, for the export.
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     if handle_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in previous:
             loop.add_signal_handler(sig, on_signal)
     abandon_at: float | None = None
     try:
@@ -320,8 +322,10 @@ async def _work(
         if deadline is not None:
             deadline.cancel()
         if handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig, handler in previous.items():
                 loop.remove_signal_handler(sig)
+                if handler is not None:  # None: not set from Python, nothing to put back
+                    signal.signal(sig, handler)
     return "fatal" if worker.fatal is not None else reason
 
 
