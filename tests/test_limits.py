@@ -187,7 +187,10 @@ def test_each_model_keeps_to_its_own_limit_in_one_run(tmp_path: Path) -> None:
     }
     assert len(by_model["slow"]) == len(by_model["fast"]) == 40
     slow = by_model["slow"]
-    assert slow[-1] - slow[0] >= 39 * 0.1  # 600/min, paced (at 98%: 0.102 s apart)
+    # 600/min, paced at 98%: booked 0.102 s apart, 3.98 s for 39 gaps. What the server sees also
+    # moves with delivery: a first request that opens its connection on a loaded machine
+    # arrived 90 ms late once in CI (3.89 s). Unpaced, the 40 would arrive within ~0.1 s.
+    assert slow[-1] - slow[0] >= 39 * 0.1 - 0.15
     # No one-second window holds more than 10, give or take one or two sent a little late.
     assert max(sum(t - 1 < u <= t for u in slow) for t in slow) <= 12
     # The fast model is not held back by the slow one's limit: done before it is half done.
