@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from aiq import bulk
-from aiq import store as store_module
 from aiq.inputs import BadLine, Defaults, Request
+from aiq.records import DEAD, DONE, QUEUED, EnqueueCounts, Outcome, k64
 from aiq.requestfile import read_requests
-from aiq.store import DEAD, DONE, QUEUED, EnqueueCounts, JobStore, Outcome
+from aiq.store import JobStore
 
 M = Defaults(model="m")
 
@@ -85,9 +85,9 @@ def test_first_add_counts_and_stores(tmp_path: Path) -> None:
     assert query(tmp_path / "db", "SELECT line, line_no FROM items WHERE custom_id = 'a'") == [
         (req.line, 1)
     ]
-    assert query(
-        tmp_path / "db", "SELECT key, body FROM jobs WHERE k64 = ?", store_module.k64(req.key)
-    ) == [(req.key, req.body)]
+    assert query(tmp_path / "db", "SELECT key, body FROM jobs WHERE k64 = ?", k64(req.key)) == [
+        (req.key, req.body)
+    ]
 
 
 def test_readding_adds_nothing(tmp_path: Path, small_batches: None) -> None:

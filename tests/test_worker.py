@@ -24,8 +24,9 @@ from aiq.inputs import Defaults
 from aiq.limiter import RateLimiter
 from aiq.providers.base import ProviderError
 from aiq.providers.openai import OpenAIProvider
+from aiq.records import DEAD, DONE, QUEUED, RUNNING, Source
 from aiq.requestfile import read_requests
-from aiq.store import DEAD, DONE, QUEUED, RESULT_COLUMNS, RUNNING, JobStore, Source
+from aiq.store import RESULT_COLUMNS, JobStore
 from aiq.worker import Progress, RetryPolicy, Worker
 
 KEY = "sk-test-worker"

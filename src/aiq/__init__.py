@@ -26,6 +26,7 @@ from .outputs import Export, export_source
 from .preflight import CheckReport, Finding, run_checks
 from .pricing import DEFAULT_PRICES, PRICES_AS_OF, Price
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
+from .records import EnqueueCounts, ModelUsage, Stats
 from .requestfile import read_requests
 from .runner import (
     RunSummary,
@@ -36,7 +37,7 @@ from .runner import (
     run_batch,
     store_status,
 )
-from .store import EnqueueCounts, JobStore, ModelUsage, Stats
+from .store import JobStore
 from .worker import Progress, RetryPolicy, Worker
 
 __version__ = "0.1.0"

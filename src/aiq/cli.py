@@ -24,8 +24,8 @@ from .config import Config
 from .errors import AiqError
 from .outputs import open_log
 from .progress import LiveProgress, PlainProgress
+from .records import EnqueueCounts
 from .report import plural
-from .store import EnqueueCounts
 
 app = typer.Typer(
     add_completion=False,

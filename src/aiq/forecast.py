@@ -17,7 +17,7 @@ import orjson
 from . import tokens
 from .inputs import KEEP_BAD_LINES, BadLine, Request
 from .pricing import Price, price_for
-from .store import k64
+from .records import k64
 
 
 @dataclass(slots=True)

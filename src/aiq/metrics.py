@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from .outputs import write_atomic
-from .store import Stats
+from .records import Stats
 from .worker import Progress
 
 

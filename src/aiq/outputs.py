@@ -16,7 +16,8 @@ from typing import IO, TextIO
 import orjson
 
 from .errors import OutputError
-from .store import DEAD, DONE, JobStore, Source
+from .records import DEAD, DONE, Source
+from .store import JobStore
 
 _BUFFER = 1 << 20
 

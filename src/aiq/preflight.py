@@ -20,7 +20,8 @@ from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .errors import FatalProviderError, StoreError, UsageError
 from .pricing import DEFAULT_PRICES, PRICES_AS_OF, price_for
 from .providers.anthropic import ANTHROPIC_VERSION
-from .store import STATE_NAMES, JobStore, StoreOutdated
+from .records import STATE_NAMES
+from .store import JobStore, StoreOutdated
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 

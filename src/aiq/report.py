@@ -8,7 +8,7 @@ from .forecast import Forecast
 from .outputs import Export
 from .pricing import PRICES_AS_OF
 from .progress import fmt_duration
-from .store import EnqueueCounts, Stats
+from .records import EnqueueCounts, Stats
 from .worker import Progress
 
 if TYPE_CHECKING:

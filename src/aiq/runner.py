@@ -39,9 +39,10 @@ from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
+from .records import EnqueueCounts, Source, Stats
 from .report import plural
 from .requestfile import read_requests
-from .store import EnqueueCounts, JobStore, Source, Stats, require_store
+from .store import JobStore, require_store
 from .transport import AiohttpTransport
 from .worker import Progress, RetryPolicy, Worker
 

@@ -23,7 +23,8 @@ from .breaker import OUTAGE_ERRORS, CircuitBreaker
 from .costs import Charge, CostMeter
 from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError, Reply
-from .store import DEAD, DONE, QUEUED, Job, JobStore, Outcome
+from .records import DEAD, DONE, QUEUED, Job, Outcome
+from .store import JobStore
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
 _AHEAD = 8  # jobs kept claimed per sender: one in flight, the rest queued
