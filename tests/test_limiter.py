@@ -8,6 +8,7 @@ caller, and the provider's headers followed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 from hypothesis import given, settings
@@ -275,3 +276,78 @@ def test_a_shared_limiter_serves_every_model() -> None:
     one = RateLimiter()
     limiters = Limiters.shared(one)
     assert limiters.for_model("a") is one and limiters.for_model("b") is one
+    assert not limiters.several  # nothing to gain by deferring: every job waits for `one`
+
+
+def test_limiters_know_when_several_are_in_use() -> None:
+    limiters = Limiters(per_model={"slow": (60, None)})
+    limiters.for_model("slow")
+    assert not limiters.several
+    limiters.for_model("fast")
+    assert limiters.several
+
+
+# -- deferring: a sender with other work does not wait for a slow limiter ---------------------
+
+
+def test_defer_is_none_while_the_wait_is_short() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=600)  # a slot every 0.102 s
+    assert lim.defer(after_s=0.1) is None  # the first request goes at once
+    drain(lim, clock, 1)
+    assert lim.defer(after_s=0.2) is None  # the next slot is 0.102 s away
+    assert lim.defer(after_s=0.1) == pytest.approx(60 / 600 / HEADROOM)
+
+
+def test_deferred_slots_follow_the_pace_and_book_nothing() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=60)  # a slot every 1.02 s
+    drain(lim, clock, 3)  # the next free slot is now + 1.02 s
+    interval = 60 / 60 / HEADROOM
+    later = [lim.defer(after_s=0.1) for _ in range(5)]
+    assert later == pytest.approx([interval * (1 + k) for k in range(5)])
+    # Nothing was booked: the next request acquired still gets the first free slot.
+    start = clock.now
+    drain(lim, clock, 1)
+    assert clock.now - start == pytest.approx(interval)
+
+
+def test_deferring_during_a_pause_comes_back_after_it() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=6000)
+    lim.pause(30.0)
+    assert lim.defer(after_s=0.1) == pytest.approx(30.0)
+
+
+def test_defer_refuses_a_request_larger_than_the_limit() -> None:
+    lim = limiter(FakeClock(), tpm=1000)
+    with pytest.raises(RequestTooLarge):
+        lim.defer(900, 200, after_s=0.1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rpm=st.integers(1, 100_000),
+    tpm=st.none() | st.integers(5_000, 2_000_000),
+    costs=st.lists(st.tuples(st.integers(0, 4_000), st.integers(0, 1_000)), max_size=60),
+    booked=st.integers(0, 50),
+)
+def test_deferred_slots_are_in_order_and_never_closer_than_the_pace(
+    rpm: int, tpm: int | None, costs: list[tuple[int, int]], booked: int
+) -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=rpm, tpm=tpm) if tpm else limiter(clock, rpm=rpm)
+    drain(lim, clock, booked)
+    slots: list[tuple[float, float]] = []  # (when, the pace its cost needs)
+    for prompt, reserved in costs:
+        if tpm and prompt + reserved > tpm:
+            continue
+        later = lim.defer(prompt, reserved, after_s=0.0)
+        pace = 60 / rpm / HEADROOM
+        if tpm:
+            pace = max(pace, (prompt + reserved) * 60 / tpm / HEADROOM)
+        if later is not None:
+            assert later > 0
+            slots.append((clock.now + later, pace))
+    for (at, pace), (next_at, _) in itertools.pairwise(slots):
+        assert next_at >= at + pace - 1e-9

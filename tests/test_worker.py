@@ -24,7 +24,7 @@ from aiq.inputs import Defaults
 from aiq.limiter import RateLimiter
 from aiq.providers.base import ProviderError
 from aiq.providers.openai import OpenAIProvider
-from aiq.records import DEAD, DONE, QUEUED, RUNNING, Source
+from aiq.records import DEAD, DONE, QUEUED, RUNNING, Outcome, Source
 from aiq.requestfile import read_requests
 from aiq.store import RESULT_COLUMNS, JobStore
 from aiq.worker import Progress, RetryPolicy, Worker
@@ -362,6 +362,44 @@ def test_stop_during_a_429_pause_sends_nothing_more(tmp_path: Path) -> None:
     assert sum(run.server.calls.values()) == 1
     assert run.counts == {"queued": 2, "running": 0, "done": 0, "dead": 0}
     assert all(row["attempts"] == 0 for row in run.rows.values())
+
+
+def test_a_deferred_job_keeps_its_attempts_and_error_and_a_new_run_brings_it_forward(
+    tmp_path: Path,
+) -> None:
+    """What the store does with a job the limiter put off: back to queued until its slot, as
+    it was; a retry's backoff, by contrast, is kept by ``undefer``."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"custom_id": p, "prompt": p}) + b"\n" for p in "abc"))
+    t = 1_000_000.0
+
+    def retry(job_id: int, attempts: int, next_at: float) -> Outcome:
+        return Outcome(job_id, QUEUED, attempts, started_at=t, next_at=next_at,
+                       status_code=500, error_type="server", error_message="HTTP 500")  # fmt: skip
+
+    async def scenario() -> dict[str, tuple[Any, ...]]:
+        async with await JobStore.open(tmp_path / "aiq.db") as store:
+            source = await store.add_source(str(path), out_path="o", dead_path="d")
+            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            a, b, c = await store.claim(3, now=t)
+            await store.record([retry(a.id, 1, t + 30), retry(c.id, 1, t + 1)])
+            assert [j.id for j in await store.claim(3, now=t + 2)] == [c.id]
+            await store.record([], deferred=[(t + 3600, b.id), (t + 3600, c.id)])
+            # Only the retry comes due; it fails again, with a backoff past the next run.
+            assert [j.id for j in await store.claim(3, now=t + 100)] == [a.id]
+            await store.claim(0, now=t + 100, record=[retry(a.id, 2, t + 5000)])
+            assert await store.undefer(now=t + 200) == 2
+            again = await store.claim(3, now=t + 200)
+            assert sorted((j.id, j.attempts) for j in again) == [(b.id, 0), (c.id, 1)]
+            rows = await store._db.execute_fetchall(
+                "SELECT id, state, attempts, next_at, error_type, deferred FROM jobs"
+            )
+            return {"abc"[i]: tuple(r) for i, r in enumerate(sorted(rows))}
+
+    rows = asyncio.run(scenario())
+    assert rows["a"][1:] == (QUEUED, 2, t + 5000, "server", 0)  # its backoff kept
+    assert rows["b"][1:] == (RUNNING, 0, t + 200, None, 0)
+    assert rows["c"][1:] == (RUNNING, 1, t + 200, "server", 0)  # its last error kept
 
 
 # -- the provider on its own ---------------------------------------------------------------------

@@ -216,7 +216,7 @@ class RateLimiter:
         self._paused_until = -math.inf
         self._prompt = _Learned()
         self._avg_cost = _Learned()  # tokens per request, for concurrency sizing
-        self._rebook = False
+        self._deferred_until = -math.inf  # the next slot ``defer`` hands out
         self.learned: bool = False  # whether any limit came from the provider's headers
 
     @property
@@ -270,9 +270,28 @@ class RateLimiter:
             # book again after the pause, so the pause is kept and its end is paced too.
             self.refund(ticket)
 
-    def _book(self, ticket: Ticket, now: float) -> float:
-        at = max(now, self._paused_until)
-        cost = ticket.prompt_estimate * self._prompt.ratio + ticket.reserved
+    def defer(self, prompt_tokens: int = 0, reserved: int = 0, *, after_s: float) -> float | None:
+        """None if a request acquired now would wait ``after_s`` or less; else how many
+        seconds from now it should come back, booking nothing.
+
+        For a sender that can send another model's job meanwhile. The slots handed out are
+        spaced at this limiter's pace, so deferred requests come back about as fast as it can
+        take them rather than all at once. Raises RequestTooLarge as ``acquire`` does.
+        """
+        now = self._clock()
+        cost = prompt_tokens * self._prompt.ratio + reserved
+        at = self._ready_at(max(now, self._paused_until), cost)
+        if at - now <= after_s:
+            return None
+        at = max(at, self._deferred_until)
+        pace = self._requests._interval if self._requests is not None else 0.0
+        if self._tokens is not None and cost:
+            pace = max(pace, cost * self._tokens._interval)
+        self._deferred_until = at + pace
+        return at - now
+
+    def _ready_at(self, at: float, cost: float) -> float:
+        """The first time from ``at`` that one request of ``cost`` tokens fits every budget."""
         requests, tokens = self._requests, self._tokens
         if requests is not None:
             at = requests.ready_at(at, 1)
@@ -280,10 +299,15 @@ class RateLimiter:
             at = tokens.ready_at(at, cost)
             if requests is not None:  # the token guard moved it: the request pace still holds
                 at = requests.ready_at(at, 1)
-        if requests is not None:
-            ticket.request = requests.book(at, 1)
-        if tokens is not None and cost:
-            ticket.tokens = tokens.book(at, cost)
+        return at
+
+    def _book(self, ticket: Ticket, now: float) -> float:
+        cost = ticket.prompt_estimate * self._prompt.ratio + ticket.reserved
+        at = self._ready_at(max(now, self._paused_until), cost)
+        if self._requests is not None:
+            ticket.request = self._requests.book(at, 1)
+        if self._tokens is not None and cost:
+            ticket.tokens = self._tokens.book(at, cost)
         ticket.cost = cost
         return at
 
@@ -345,6 +369,8 @@ class Limiters:
         self._per_model = dict(per_model or {})
         self._make = make or (lambda r, t: RateLimiter(rpm=r, tpm=t))
         self._by_model: dict[str | None, RateLimiter] = {}
+        # Whether more than one limiter is in use: then a sender need not wait for one.
+        self.several = False
 
     @classmethod
     def shared(cls, limiter: RateLimiter) -> Limiters:
@@ -358,6 +384,7 @@ class Limiters:
         if limiter is None:
             rpm, tpm = self._per_model.get(model or "", self._default)
             limiter = self._by_model[model] = self._make(rpm, tpm)
+            self.several = len({id(lim) for lim in self._by_model.values()}) > 1
         return limiter
 
     def requests_per_s(self) -> float | None:

@@ -99,4 +99,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         UPDATE jobs SET model = json_extract(CAST(body AS TEXT), '$.model') WHERE state = 2;
         """,
     ),
+    (
+        # A queued job with deferred = 1 was put back by the rate limiter of its model, with
+        # next_at at the slot that limiter could give it, so the run's senders could send
+        # other models' jobs meanwhile. Not a retry: the next run brings it forward, since
+        # its limits may have changed (JobStore.undefer).
+        "0003_deferred",
+        """
+        ALTER TABLE jobs ADD COLUMN deferred INTEGER NOT NULL DEFAULT 0;
+        """,
+    ),
 ]

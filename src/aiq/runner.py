@@ -185,6 +185,7 @@ async def run_batch(
             if input_path is not None:
                 _source, added = await _enqueue(store, config, input_path, out, dead)
             await store.recover_running(config.max_attempts)
+            await store.undefer()
             provider, transport = _make_provider(config)
             stats = await store.stats()
             progress = Progress(

@@ -409,6 +409,7 @@ class JobStore:
         lease_s: float = 600.0,
         record: Sequence[Outcome] = (),
         sent: Sequence[int] = (),
+        deferred: Sequence[tuple[float, int]] = (),
     ) -> list[Job]:
         """Atomically move up to ``limit`` due queued jobs to running, oldest first.
 
@@ -418,16 +419,19 @@ class JobStore:
 
         ``record``: outcomes to write first, in the same transaction. The worker's every cycle
         is then one commit and four trips to the SQLite thread, not two commits and six.
+
+        ``deferred``: (next_at, id) of claimed jobs the rate limiter put off, never sent: back
+        to queued until then, attempts and last error as they were.
         """
         if limit <= 0:
-            await self.record(record, sent=sent)
+            await self.record(record, sent=sent, deferred=deferred)
             return []
         async with self.transaction():
-            await self._write_sent(sent)
+            await self._write_sent(sent, deferred)
             if record:
                 await self._write_outcomes(record)
             rows = await self._db.execute_fetchall(
-                "UPDATE jobs SET state = ?, lease_until = ? WHERE id IN ("
+                "UPDATE jobs SET state = ?, lease_until = ?, deferred = 0 WHERE id IN ("
                 "  SELECT id FROM jobs WHERE state = ? AND next_at <= ? ORDER BY next_at, id"
                 "  LIMIT ?) RETURNING id, endpoint, body, attempts, first_attempt_at, "
                 # The model picks the job's rate limiter and price: read here, in SQLite's
@@ -456,21 +460,47 @@ class JobStore:
         )
         return due
 
-    async def record(self, outcomes: Sequence[Outcome], *, sent: Sequence[int] = ()) -> None:
-        """Write a batch of outcomes (and attempts gone out, as ``claim``) in one transaction."""
-        if not outcomes and not sent:
+    async def record(
+        self,
+        outcomes: Sequence[Outcome],
+        *,
+        sent: Sequence[int] = (),
+        deferred: Sequence[tuple[float, int]] = (),
+    ) -> None:
+        """Write a batch of outcomes (and attempts gone out, jobs deferred, as ``claim``) in
+        one transaction."""
+        if not outcomes and not sent and not deferred:
             return
         async with self.transaction():
-            await self._write_sent(sent)
+            await self._write_sent(sent, deferred)
             if outcomes:
                 await self._write_outcomes(outcomes)
 
-    async def _write_sent(self, sent: Sequence[int]) -> None:
+    async def _write_sent(self, sent: Sequence[int], deferred: Sequence[tuple[float, int]]) -> None:
         if sent:
             await self._db.executemany(
                 "UPDATE jobs SET attempts = attempts + 1 WHERE id = ? AND state = ?",
                 [(i, RUNNING) for i in sent],
             )
+        if deferred:
+            await self._db.executemany(
+                "UPDATE jobs SET state = ?, next_at = ?, lease_until = NULL, deferred = 1 "
+                "WHERE id = ? AND state = ?",
+                [(QUEUED, at, i, RUNNING) for at, i in deferred],
+            )
+
+    async def undefer(self, *, now: float | None = None) -> int:
+        """Make jobs a rate limiter deferred due now; returns how many. A run calls it first:
+        their slots were paced to the limits of the run that deferred them."""
+        now = time.time() if now is None else now
+        async with self.transaction():
+            # Through the (state, next_at) index: only queued jobs not yet due are looked at.
+            cur = await self._db.execute(
+                "UPDATE jobs SET next_at = ?, deferred = 0 "
+                "WHERE state = ? AND next_at > ? AND deferred = 1",
+                (now, QUEUED, now),
+            )
+        return cur.rowcount
 
     async def _write_outcomes(self, outcomes: Sequence[Outcome]) -> None:
         """Write outcomes inside the caller's transaction."""

@@ -32,6 +32,10 @@ _IDLE_POLL_S = 1.0  # how often to look for retries coming due when all else is 
 _AUTO_FALLBACK = 32  # senders for --concurrency auto when the provider reports no limits
 _AUTO_EVERY_S = 1.0  # how often --concurrency auto resizes
 _ASSUMED_LATENCY_S = 1.0  # for --concurrency auto with configured limits, until replies come
+# With several models' limiters, a job whose limiter would hold its sender longer than this
+# goes back to the store until its slot, and the sender takes the next job, so one model's
+# slow limit does not hold up the others (head-of-line blocking).
+_DEFER_AFTER_S = 0.1
 
 
 @dataclass(slots=True)
@@ -121,6 +125,7 @@ class Worker:
         self._queue: asyncio.Queue[Job | None] = asyncio.Queue()
         self._pending: list[Outcome] = []  # outcomes not yet handed to the store
         self._sent: list[int] = []  # jobs whose request went out since the last store cycle
+        self._deferred: list[tuple[float, int]] = []  # (next_at, id) of jobs put off, unsent
         self._claimed: dict[int, Job] = {}  # claimed and not yet recorded
         self._wake = asyncio.Event()
         self._stop = False
@@ -185,7 +190,7 @@ class Worker:
 
     def _cycle_due(self) -> bool:
         """Whether the senders need the store now: outcomes piled up, or the queue runs low."""
-        return len(self._pending) >= self._concurrency or (
+        return len(self._pending) + len(self._deferred) >= self._concurrency or (
             self._more_due and self._queue.qsize() <= self._concurrency
         )
 
@@ -205,16 +210,19 @@ class Worker:
         """
         batch, self._pending = self._pending, []
         sent = self._unrecorded_sends(batch)
-        room = _AHEAD * self._concurrency - (len(self._claimed) - len(batch))
+        deferred, self._deferred = self._deferred, []
+        room = _AHEAD * self._concurrency - (len(self._claimed) - len(batch) - len(deferred))
         if room < self._concurrency:  # claiming a few at a time would cost a commit each
             room = 0
         if self._breaker.is_open:
             # The provider is down: claim nothing more, but one job for the probe.
             room = 0 if self._claimed else 1
-        if not batch and not room and not sent:
+        if not batch and not room and not sent and not deferred:
             return False
-        jobs = await self._store.claim(room, now=time.time(), record=batch, sent=sent)
-        self._commit_progress(batch)
+        jobs = await self._store.claim(
+            room, now=time.time(), record=batch, sent=sent, deferred=deferred
+        )
+        self._commit_progress(batch, deferred)
         if room:
             self._more_due = len(jobs) == room
         for job in jobs:
@@ -232,13 +240,16 @@ class Worker:
         return sent
 
     async def _flush(self) -> None:
-        if not self._pending and not self._sent:
+        if not self._pending and not self._sent and not self._deferred:
             return
         batch, self._pending = self._pending, []
-        await self._store.record(batch, sent=self._unrecorded_sends(batch))
-        self._commit_progress(batch)
+        deferred, self._deferred = self._deferred, []
+        await self._store.record(batch, sent=self._unrecorded_sends(batch), deferred=deferred)
+        self._commit_progress(batch, deferred)
 
-    def _commit_progress(self, batch: list[Outcome]) -> None:
+    def _commit_progress(self, batch: list[Outcome], deferred: list[tuple[float, int]]) -> None:
+        for _, job_id in deferred:
+            self._claimed.pop(job_id, None)
         p = self.progress
         for o in batch:
             self._claimed.pop(o.job_id, None)
@@ -307,6 +318,8 @@ class Worker:
             except RequestTooLarge as exc:
                 self._finish(self._too_large(job, exc))
                 return
+            if ticket is None:
+                return  # deferred: back to the store until its slot
         if self._stop:
             limiter.refund(ticket)
             return  # stopped while the limiter (or the cost cap) held us: not sent
@@ -330,8 +343,16 @@ class Worker:
         if self._cycle_due() or (self._stop and not self.progress.in_flight):
             self._wake.set()
 
-    async def _acquire(self, job: Job, limiter: RateLimiter) -> Ticket:
+    async def _acquire(self, job: Job, limiter: RateLimiter) -> Ticket | None:
+        """The job's ticket once its limiter lets it go; None if deferred instead."""
         cost = tokens.estimate(job.body) if limiter.counts_tokens else tokens.NO_COST
+        if self._limiters.several and not self._stop:
+            later_s = limiter.defer(cost.prompt, cost.reserved, after_s=_DEFER_AFTER_S)
+            if later_s is not None:
+                self._deferred.append((time.time() + later_s, job.id))
+                if self._cycle_due():
+                    self._wake.set()
+                return None
         if not self._auto:
             return await limiter.acquire(cost.prompt, cost.reserved)
         # A sender waiting for its model's limiter is not in flight: it lets another sender
