@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from dataclasses import dataclass, field
 
 from . import backoff, tokens
 from .breaker import OUTAGE_ERRORS, CircuitBreaker
+from .concurrency import AutoConcurrency
 from .costs import Charge, CostMeter
 from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError, Reply
@@ -29,9 +29,6 @@ from .store import JobStore
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
 _AHEAD = 8  # jobs kept claimed per sender: one in flight, the rest queued
 _IDLE_POLL_S = 1.0  # how often to look for retries coming due when all else is idle
-_AUTO_FALLBACK = 32  # senders for --concurrency auto when the provider reports no limits
-_AUTO_EVERY_S = 1.0  # how often --concurrency auto resizes
-_ASSUMED_LATENCY_S = 1.0  # for --concurrency auto with configured limits, until replies come
 # With several models' limiters, a job whose limiter would hold its sender longer than this
 # goes back to the store until its slot, and the sender takes the next job, so one model's
 # slow limit does not hold up the others (head-of-line blocking).
@@ -90,9 +87,8 @@ class RetryPolicy:
 class Worker:
     """Works off a store with a provider. ``await worker.run()`` returns when done or stopped.
 
-    ``concurrency`` None is ``--concurrency auto``: one request goes first, to learn the
-    provider's limits from its headers; after that, enough go at once to reach the limits at
-    the latency seen (Little's law: in flight = rate x latency), up to ``max_concurrency``.
+    ``concurrency`` None is ``--concurrency auto`` (aiq.concurrency): as many at once as the
+    limits allow at the latency seen, up to ``max_concurrency``.
     """
 
     def __init__(
@@ -110,12 +106,15 @@ class Worker:
     ) -> None:
         self._store = store
         self._provider = provider
-        self._auto = concurrency is None
         self._senders = max_concurrency if concurrency is None else concurrency
         if isinstance(limiter, RateLimiter):
             limiter = Limiters.shared(limiter)
         self._limiters = limiter or Limiters()
-        self._concurrency = concurrency or self._auto_size(_ASSUMED_LATENCY_S)  # may send now
+        self._auto: AutoConcurrency | None = None
+        if concurrency is None:
+            self._auto = AutoConcurrency(self._limiters, max_concurrency)
+            concurrency = self._auto.size  # may send now
+        self._concurrency = concurrency
         self._breaker = breaker or CircuitBreaker()
         self._retry = retry
         self.costs = costs or CostMeter({})  # prices each reply; keeps --max-cost
@@ -132,19 +131,14 @@ class Worker:
         # Whether the last claim got all it asked for. If not, nothing more is due yet, and
         # waking the store task early to ask again would only cost a commit.
         self._more_due = True
-        self._gate = asyncio.Condition()  # senders over the allowed concurrency wait here
-        self._active = 0  # senders past the gate
-        self._pacing = 0  # of those, how many wait in a rate limiter
         self._probe_jobs: set[int] = set()  # jobs sent as the breaker's probe
-        self._latency_s = 0.0  # moving average of answered requests, for auto concurrency
-        self._sized_at = 0.0
 
     def stop(self) -> None:
         """Stop claiming; jobs in flight finish and are recorded (a drain)."""
         self._stop = True
         self._wake.set()
-        if self._auto:  # senders waiting for a turn must see the stop
-            asyncio.get_running_loop().create_task(self._open_gate())
+        if self._auto is not None:  # senders waiting for a turn must see the stop
+            self._auto.open()
 
     @property
     def stopping(self) -> bool:
@@ -271,20 +265,18 @@ class Worker:
     # -- the sending side ----------------------------------------------------------------
 
     async def _send_loop(self) -> None:
-        queue = self._queue
+        queue, auto = self._queue, self._auto
         while (job := await queue.get()) is not None:
             if self._stop:
                 continue  # claimed but never started: released back to queued by run()
-            if not self._auto:
+            if auto is None:
                 await self._send(job)
                 continue
-            await self._wait_turn()
+            await auto.enter()
             try:
                 await self._send(job)
             finally:
-                self._active -= 1
-                async with self._gate:
-                    self._gate.notify()
+                await auto.leave()
 
     async def _send(self, job: Job) -> None:
         """Wait for the provider and the budget, then send (released back to queued by run()
@@ -353,26 +345,10 @@ class Worker:
                 if self._cycle_due():
                     self._wake.set()
                 return None
-        if not self._auto:
+        if self._auto is None:
             return await limiter.acquire(cost.prompt, cost.reserved)
-        # A sender waiting for its model's limiter is not in flight: it lets another sender
-        # through the gate, so one model's slow limit does not hold up the others' jobs.
-        self._pacing += 1
-        async with self._gate:
-            self._gate.notify()
-        try:
+        async with self._auto.pacing():
             return await limiter.acquire(cost.prompt, cost.reserved)
-        finally:
-            self._pacing -= 1
-
-    async def _wait_turn(self) -> None:
-        """--concurrency auto: wait while as many senders as allowed are busy (waiting for
-        the limiter counts: a sender there has its request as good as in flight)."""
-        async with self._gate:
-            await self._gate.wait_for(
-                lambda: self._stop or self._active - self._pacing < self._concurrency
-            )
-            self._active += 1
 
     async def _provider_up(self, job: Job) -> bool:
         """Wait while the circuit breaker is open; False if the run stops meanwhile. A job
@@ -400,37 +376,6 @@ class Worker:
         )
         self.stop()
 
-    def _resize(self, latency_s: float) -> None:
-        """--concurrency auto: enough in flight for the limits at this latency."""
-        self._latency_s = (
-            latency_s if not self._latency_s else 0.8 * self._latency_s + 0.2 * latency_s
-        )
-        now = time.monotonic()
-        if self._concurrency > 1 and now - self._sized_at < _AUTO_EVERY_S:
-            return
-        self._sized_at = now
-        wanted = (
-            self._auto_size(self._latency_s) if self._limiters.requests_per_s() else _AUTO_FALLBACK
-        )
-        if wanted != self._concurrency:
-            self._concurrency = self.progress.concurrency = wanted
-            asyncio.get_running_loop().create_task(self._open_gate())
-
-    def _auto_size(self, latency_s: float) -> int:
-        """Senders enough for the limits at ``latency_s``. With no limit known, 1: the first
-        reply's headers may tell them, and until then a burst could break a per-second limit.
-        With a limit but no rate yet (tokens/min, before a request's cost is known), plenty:
-        the limiter keeps the pace."""
-        rate = self._limiters.requests_per_s()
-        if rate is None:
-            return min(self._senders, _AUTO_FALLBACK) if self._limiters.any_limit else 1
-        # A quarter more than the mean needs, for latency's spread; two for the ramp.
-        return max(1, min(self._senders, math.ceil(rate * latency_s * 1.25) + 2))
-
-    async def _open_gate(self) -> None:
-        async with self._gate:
-            self._gate.notify_all()
-
     def _success(
         self, job: Job, reply: Reply, started: float, ticket: Ticket, charge: Charge
     ) -> Outcome:
@@ -442,8 +387,8 @@ class Worker:
         if self._probe_jobs:
             self._probe_jobs.discard(job.id)
         self._breaker.record(False)
-        if self._auto:
-            self._resize(finished - started)
+        if self._auto is not None and self._auto.observe(finished - started):
+            self._concurrency = self.progress.concurrency = self._auto.size
         return Outcome(
             job.id,
             DONE,
