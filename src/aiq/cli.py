@@ -109,7 +109,12 @@ MaxCostOpt = Annotated[
     ),
 ]
 WaitOpt = Annotated[
-    float, typer.Option("--wait", help="Wait up to SECONDS for another run to release the store.")
+    float,
+    typer.Option(
+        "--wait",
+        help="Wait up to SECONDS for another run to release the store (default: 0, fail at once).",
+        show_default=False,  # as every other option: in the help text, in parentheses
+    ),
 ]
 
 
