@@ -86,3 +86,66 @@ def test_sigterm_drains_like_sigint(tmp_path: Path) -> None:
     assert status["counts"]["running"] == 0
     assert status["counts"]["done"] == sent
     assert len(read_jsonl(tmp_path / "t.results.jsonl")) == sent
+
+
+OUTPUTS = ("p.results.jsonl", "p.dead.jsonl")
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    if not path.exists():
+        return None
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _outputs(tmp_path: Path) -> dict[str, tuple[int, int, int] | None]:
+    return {name: _identity(tmp_path / name) for name in OUTPUTS}
+
+
+def test_a_rerun_that_changes_nothing_leaves_the_outputs_as_they_are(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    write_prompts(tmp_path / "p.jsonl", [("a", "x"), ("b", "FAIL_PERMANENT y"), ("c", "z")])
+    args = ("run", "p.jsonl", "--model", "m", "--base-url", server.base_url)
+    assert run_aiq(*args, cwd=tmp_path).returncode == 1  # one dead letter
+    written = _outputs(tmp_path)
+    sent = len(server.requests)
+
+    again = run_aiq(*args, cwd=tmp_path)
+
+    assert again.returncode == 1, again.stderr
+    assert "(2 lines, unchanged)" in again.stdout and "(1 line, unchanged)" in again.stdout
+    as_json = json.loads(run_aiq(*args, "--json", cwd=tmp_path).stdout)
+    assert [o["written"] for o in as_json["outputs"]] == [False]
+    assert _outputs(tmp_path) == written  # not rewritten: same inode, mtime and size
+    assert len(server.requests) == sent
+    assert [r["custom_id"] for r in read_jsonl(tmp_path / "p.results.jsonl")] == ["a", "c"]
+
+
+def test_any_change_to_the_store_or_the_files_rewrites_the_outputs(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    write_prompts(tmp_path / "p.jsonl", [("a", "x"), ("b", "FAIL_PERMANENT y")])
+    run = ("run", "p.jsonl", "--model", "m", "--base-url", server.base_url)
+
+    def rewritten(*cmd: str, code: int = 1) -> list[dict]:
+        before = _outputs(tmp_path)
+        proc = run_aiq(*cmd, cwd=tmp_path)
+        assert proc.returncode == code, proc.stderr
+        assert "unchanged" not in proc.stdout
+        after = _outputs(tmp_path)
+        assert all(after[name] not in (None, before[name]) for name in OUTPUTS)
+        return read_jsonl(tmp_path / "p.results.jsonl")
+
+    assert len(rewritten(*run)) == 1
+    write_prompts(tmp_path / "p.jsonl", [("c", "z")], mode="a")  # a new line
+    assert [r["custom_id"] for r in rewritten(*run)] == ["a", "c"]
+    assert run_aiq("replay-dead", cwd=tmp_path).returncode == 0  # b dies again, later
+    rewritten("resume", "--base-url", server.base_url)
+    (tmp_path / "p.results.jsonl").write_text("")  # the user's own edit
+    assert len(rewritten(*run)) == 2
+    (tmp_path / "p.dead.jsonl").unlink()
+    rewritten(*run)
+    assert len(read_jsonl(tmp_path / "p.dead.jsonl")) == 1
+    rewritten(*run, "--order", "input")
+    rewritten("export", code=0)  # asked for: always written

@@ -305,3 +305,34 @@ def test_two_sources_keep_their_own_custom_ids(tmp_path: Path) -> None:
     add(db, one)
     assert counts(add(db, two)) == (1, 0, 0, 0, 1)
     assert query(db, "SELECT count(*) FROM items") == [(2,)]
+
+
+def test_the_change_count_moves_with_every_change_and_only_then(tmp_path: Path) -> None:
+    """What lets a run skip rewriting outputs that are current (outputs.export_source)."""
+    path = write(tmp_path / "p.jsonl", line("a", "x"), line("b", "y"))
+
+    async def scenario() -> list[int]:
+        seen = []
+        async with await JobStore.open(tmp_path / "aiq.db") as store:
+            seen.append(await store.changes())
+            source = await store.add_source(str(path), out_path="o", dead_path="d")
+            await store.enqueue(source, read_requests(path, M))
+            seen.append(await store.changes())
+            # The same again: the same paths, no new line, nothing due: no change at all.
+            source = await store.add_source(str(path), out_path="o", dead_path="d")
+            await store.enqueue(source, read_requests(path, M))
+            await store.recover_running(5)
+            await store.undefer()
+            assert await store.claim(10, now=-1.0) == []  # none due yet: claims nothing
+            await store.save_export_stamp(source, {"any": "thing"})
+            seen.append(await store.changes())
+            assert await store.export_stamp(source) == {"any": "thing"}
+            (job, _) = await store.claim(10, now=1e12)
+            await store.record([Outcome(job.id, DONE, 1, started_at=1.0, response=b"{}")])
+            seen.append(await store.changes())
+        return seen
+
+    first, added, unchanged, recorded = asyncio.run(scenario())
+    assert added > first  # (creating the store counted its migrations)
+    assert unchanged == added
+    assert recorded > unchanged

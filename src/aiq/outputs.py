@@ -2,6 +2,10 @@
 
 A file is written to a temporary sibling, flushed to disk, then renamed over the old one, so
 a crash mid-export leaves the previous complete file, never a torn or duplicated line.
+
+A run that changed nothing (a nightly re-run of a file with no new lines) leaves the files as
+they are: each export is stamped with the store's change count and the files' size, mtime and
+inode, and a run writes again only when one of them moved.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Any, TextIO
 
 import orjson
 
@@ -31,6 +35,7 @@ class Export:
     dead_path: str
     results: int
     dead: int
+    written: bool = True  # False: the files were already what the store holds
 
 
 def _iso(ts: float | None) -> str | None:
@@ -155,10 +160,23 @@ async def export_source(
     order: str = "done",
     results_path: str | None = None,
     dead_path: str | None = None,
+    skip_unchanged: bool = False,
 ) -> Export:
-    """(Re)write one input file's results and dead-letter files from the store."""
+    """(Re)write one input file's results and dead-letter files from the store.
+
+    ``skip_unchanged`` (a run's export; the store must be writable): leave both files alone if
+    neither they nor the store changed since the last such export wrote them, and stamp the
+    files written otherwise.
+    """
     results_path = results_path or source.out_path
     dead_path = dead_path or source.dead_path
+    if skip_unchanged:
+        changes = await store.changes()  # read first: any change from here on moves it
+        wanted = _stamp(changes, order, results_path, dead_path)
+        stamp = await store.export_stamp(source)
+        if stamp is not None and wanted is not None and _same_files(stamp, wanted):
+            n_results, n_dead = stamp["results"][-1], stamp["dead"][-1]
+            return Export(source.path, results_path, dead_path, n_results, n_dead, written=False)
     n_results = n_dead = 0
     dumps = orjson.dumps
     with _AtomicFile(results_path) as f:
@@ -195,4 +213,35 @@ async def export_source(
                 )
                 f.write(b"\n")
             n_dead += len(rows)
+    if skip_unchanged:
+        stamp = _stamp(changes, order, results_path, dead_path, n_results, n_dead)
+        if stamp is not None:
+            await store.save_export_stamp(source, stamp)
     return Export(source.path, results_path, dead_path, n_results, n_dead)
+
+
+def _stamp(
+    changes: int, order: str, results_path: str, dead_path: str, *counts: int
+) -> dict[str, Any] | None:
+    """What identifies an export: the store's change count, the order, and for each file its
+    absolute path, size, mtime and inode (then ``counts``, its lines); None if one is gone."""
+    files = []
+    for path in (results_path, dead_path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino])
+    for file, n in zip(files, counts, strict=False):
+        file.append(n)
+    return {"changes": changes, "order": order, "results": files[0], "dead": files[1]}
+
+
+def _same_files(stamp: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether ``stamp`` (with line counts) describes the export ``wanted`` would be."""
+    return (
+        stamp["changes"] == wanted["changes"]
+        and stamp["order"] == wanted["order"]
+        and stamp["results"][:-1] == wanted["results"]
+        and stamp["dead"][:-1] == wanted["dead"]
+    )

@@ -159,7 +159,7 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "status": s.stats.as_dict(),
         "outputs": [
             {"input": e.source, "results": e.results_path, "dead": e.dead_path,
-             "results_count": e.results, "dead_count": e.dead}
+             "results_count": e.results, "dead_count": e.dead, "written": e.written}
             for e in s.exports
         ],
     }  # fmt: skip
@@ -172,9 +172,10 @@ def add_counts(c: EnqueueCounts) -> str:
 
 def export_lines(e: Export) -> list[str]:
     """Where one input file's results and dead letters are, and how many lines each has."""
+    same = "" if e.written else ", unchanged"
     return [
-        f"results: {e.results_path} ({plural(e.results, 'line')})",
-        f"dead letters: {e.dead_path} ({plural(e.dead, 'line')})",
+        f"results: {e.results_path} ({plural(e.results, 'line')}{same})",
+        f"dead letters: {e.dead_path} ({plural(e.dead, 'line')}{same})",
     ]
 
 

@@ -215,7 +215,8 @@ async def run_batch(
                 stopped = await _work(worker, config, tick, progress_interval_s, handle_signals)
             finally:
                 await transport.aclose()
-            exports = await _export_all(store, config, input_path, out, dead)
+            # A run that changed nothing leaves files that already say what the store holds.
+            exports = await _export_all(store, config, input_path, out, dead, skip_unchanged=True)
             summary = RunSummary(added, progress, await store.stats(), exports, stopped)
             if worker.fatal is not None:
                 summary.stopped = "fatal"
@@ -332,7 +333,13 @@ async def _work(
 
 
 async def _export_all(
-    store: JobStore, config: Config, input_path: Path | None, out: str | None, dead: str | None
+    store: JobStore,
+    config: Config,
+    input_path: Path | None,
+    out: str | None,
+    dead: str | None,
+    *,
+    skip_unchanged: bool = False,
 ) -> list[Export]:
     sources = await store.sources()
     if input_path is not None:
@@ -341,7 +348,14 @@ async def _export_all(
     elif (out or dead) and len(sources) > 1:
         raise UsageError("--out/--dead need a single input file; this store has several")
     return [
-        await export_source(store, s, order=config.order, results_path=out, dead_path=dead)
+        await export_source(
+            store,
+            s,
+            order=config.order,
+            results_path=out,
+            dead_path=dead,
+            skip_unchanged=skip_unchanged,
+        )
         for s in sources
     ]
 

@@ -174,8 +174,35 @@ class JobStore:
         await self.close()
 
     def transaction(self) -> _Transaction:
-        """``async with store.transaction():`` — BEGIN IMMEDIATE … COMMIT, or ROLLBACK."""
+        """``async with store.transaction():`` — BEGIN IMMEDIATE … COMMIT, or ROLLBACK. One
+        that changed any row also counts a change of the store (``changes``)."""
         return _Transaction(self._db)
+
+    # -- what the outputs were written from ------------------------------------------------
+
+    async def changes(self) -> int:
+        """How many transactions have changed the store: equal numbers, equal stores."""
+        rows = list(
+            await self._db.execute_fetchall("SELECT value FROM meta WHERE name = 'changes'")
+        )
+        return int(rows[0][0]) if rows else 0
+
+    async def export_stamp(self, source: Source) -> dict[str, Any] | None:
+        """What the last run's export of ``source`` wrote (outputs.Stamp's fields), if any."""
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT value FROM meta WHERE name = ?", (f"export:{source.id}",)
+            )
+        )
+        return orjson.loads(rows[0][0]) if rows else None
+
+    async def save_export_stamp(self, source: Source, stamp: dict[str, Any]) -> None:
+        """Keep ``stamp`` for ``source``; not counted as a change (it describes the files)."""
+        async with _Transaction(self._db, count=False):
+            await self._db.execute(
+                "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
+                (f"export:{source.id}", orjson.dumps(stamp).decode()),
+            )
 
     # -- sources -------------------------------------------------------------------------
 
@@ -185,7 +212,9 @@ class JobStore:
             await self._db.execute(
                 "INSERT INTO sources (path, out_path, dead_path, added_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (path) DO UPDATE SET out_path = excluded.out_path, "
-                "dead_path = excluded.dead_path",
+                "dead_path = excluded.dead_path "
+                # Unchanged paths change no row: a re-run of the same file changes nothing.
+                "WHERE out_path != excluded.out_path OR dead_path != excluded.dead_path",
                 (path, out_path, dead_path, time.time()),
             )
         rows = list(
@@ -308,19 +337,22 @@ class JobStore:
     ) -> None:
         """Write the parser's batches, committing every bulk.LINES_PER_COMMIT lines."""
         db = self._db
-        since_commit = 0
+        since_commit, before = 0, db.total_changes
         try:
             while (batch := await parser.next()) is not None:
                 if not db.in_transaction:
                     await db.execute("BEGIN IMMEDIATE")
+                    before = db.total_changes
                     if forget_prefix():
                         await db.execute("DELETE FROM prefixes WHERE source_id = ?", (source.id,))
                 await self._insert(source, batch, now, counts)
                 since_commit += batch.lines
                 if since_commit >= bulk.LINES_PER_COMMIT:
+                    await _count_change(db, before)
                     await db.execute("COMMIT")
                     since_commit = 0
             if db.in_transaction:
+                await _count_change(db, before)
                 await db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
@@ -694,16 +726,32 @@ def _statements(script: str) -> list[str]:
     return out
 
 
+async def _count_change(db: aiosqlite.Connection, before: int) -> None:
+    """Inside a transaction: add one to the store's ``changes`` if it changed any row since
+    ``db.total_changes`` was ``before``. An export stamped with the count is current while the
+    count stays (outputs.export_source); nothing else needs to know what changed."""
+    if db.total_changes != before:
+        await db.execute(
+            "INSERT INTO meta (name, value) VALUES ('changes', 1) "
+            "ON CONFLICT (name) DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+        )
+
+
 class _Transaction:
-    def __init__(self, db: aiosqlite.Connection) -> None:
+    def __init__(self, db: aiosqlite.Connection, *, count: bool = True) -> None:
         self._db = db
+        self._count = count
+        self._before = 0
 
     async def __aenter__(self) -> None:
         await self._db.execute("BEGIN IMMEDIATE")
+        self._before = self._db.total_changes
 
     async def __aexit__(self, exc_type: object, *rest: object) -> None:
         if exc_type is None:
             try:
+                if self._count:
+                    await _count_change(self._db, self._before)
                 await self._db.execute("COMMIT")
             except BaseException:
                 await self._rollback()  # else the next BEGIN fails and hides this error
