@@ -211,6 +211,9 @@ def test_jobs_a_limiter_deferred_are_due_again_when_the_next_run_starts(tmp_path
     with sqlite3.connect(db) as conn:  # as a run stopped with all of them put off an hour
         conn.execute("UPDATE jobs SET next_at = ?, deferred = 1", (time.time() + 3600,))
     conn.close()
+    status = run_aiq("status", cwd=tmp_path)
+    assert "queued 20 (20 not due yet)" in status.stdout, status.stdout
+    assert json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)["not_due"] == 20
     with FakeServer() as server:
         done = run_aiq("resume", "--base-url", server.base_url, cwd=tmp_path, timeout=30)
         assert done.returncode == 0, done.stderr

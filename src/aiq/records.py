@@ -112,6 +112,8 @@ class Stats:
     oldest_queued_s: float | None
     top_errors: list[tuple[str, int]]
     models: list[ModelUsage] = field(default_factory=list)
+    # Queued jobs not due yet: retries backing off, jobs waiting for their model's rate limit.
+    not_due: int = 0
 
     @property
     def cost_usd(self) -> float | None:
@@ -153,6 +155,7 @@ class Stats:
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "oldest_queued_s": self.oldest_queued_s,
+            "not_due": self.not_due,
             "top_errors": [{"type": t, "count": n} for t, n in self.top_errors],
             "cost_usd": self.cost_usd,
             "unpriced": self.unpriced,

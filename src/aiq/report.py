@@ -185,8 +185,8 @@ def status_lines(s: Stats) -> list[str]:
     oldest = fmt_duration(s.oldest_queued_s) if s.oldest_queued_s else "-"
     lines = [
         f"total {s.total:,} · {s.percent_done:.1f}% finished",
-        f"queued {c['queued']:,} · running {c['running']:,} · done {c['done']:,} · "
-        f"dead {c['dead']:,}",
+        f"queued {c['queued']:,}{f' ({s.not_due:,} not due yet)' if s.not_due else ''} · "
+        f"running {c['running']:,} · done {c['done']:,} · dead {c['dead']:,}",
         f"rate {s.rate_per_s:.2f}/s over the last minute · eta {fmt_duration(s.eta_s)}"
         f" · oldest queued {oldest}",
         *cost_lines(s),

@@ -570,6 +570,9 @@ class JobStore:
         ((oldest,),) = await db.execute_fetchall(
             "SELECT min(created_at) FROM jobs WHERE state = ?", (QUEUED,)
         )
+        ((not_due,),) = await db.execute_fetchall(  # a range of the (state, next_at) index
+            "SELECT count(*) FROM jobs WHERE state = ? AND next_at > ?", (QUEUED, now)
+        )
         errors = await db.execute_fetchall(
             "SELECT error_type, count(*) AS n FROM jobs WHERE error_type IS NOT NULL "
             "AND state != ? GROUP BY error_type ORDER BY n DESC, error_type LIMIT 5",
@@ -584,6 +587,7 @@ class JobStore:
             oldest_queued_s=None if oldest is None else round(max(0.0, now - oldest), 1),
             top_errors=[(t, n) for t, n in errors],
             models=await self._usage_by_model(),
+            not_due=not_due,
         )
 
     async def _usage_by_model(self) -> list[ModelUsage]:
