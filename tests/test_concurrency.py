@@ -22,6 +22,14 @@ def test_a_configured_limit_sizes_for_it_at_an_assumed_second_of_latency() -> No
     assert AutoConcurrency(Limiters(tpm=100_000), 256).size == FALLBACK  # no request rate yet
 
 
+def test_a_model_without_a_limit_gets_senders_beside_those_the_limited_one_needs() -> None:
+    limiters = Limiters(per_model={"slow": (600, None)})
+    limiters.for_model("slow")
+    assert AutoConcurrency(limiters, 256).size == math.ceil(9.8 * 1.25) + 2 == 15
+    limiters.for_model("fast")  # no limit configured or learned: any number of senders
+    assert AutoConcurrency(limiters, 256).size == 15 + FALLBACK
+
+
 def test_replies_resize_it_to_the_latency_seen() -> None:
     limiters = Limiters()
     auto = AutoConcurrency(limiters, 256)

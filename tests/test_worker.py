@@ -24,7 +24,7 @@ from aiq.inputs import Defaults
 from aiq.limiter import RateLimiter
 from aiq.providers.base import ProviderError
 from aiq.providers.openai import OpenAIProvider
-from aiq.records import DEAD, DONE, QUEUED, RUNNING, Outcome, Source
+from aiq.records import DEAD, DONE, QUEUED, RUNNING, Job, Outcome, Source
 from aiq.requestfile import read_requests
 from aiq.store import RESULT_COLUMNS, JobStore
 from aiq.worker import Progress, RetryPolicy, Worker
@@ -400,6 +400,40 @@ def test_a_deferred_job_keeps_its_attempts_and_error_and_a_new_run_brings_it_for
     assert rows["a"][1:] == (QUEUED, 2, t + 5000, "server", 0)  # its backoff kept
     assert rows["b"][1:] == (RUNNING, 0, t + 200, None, 0)
     assert rows["c"][1:] == (RUNNING, 1, t + 200, "server", 0)  # its last error kept
+
+
+def test_jobs_put_back_come_before_untried_ones_once_due(tmp_path: Path) -> None:
+    """Ordered by next_at alone, a deferred job would wait behind every untried one."""
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"custom_id": p, "prompt": p}) + b"\n" for p in "abc"))
+    t = 1_000_000.0
+
+    async def scenario() -> list[list[str]]:
+        async with await JobStore.open(tmp_path / "aiq.db") as store:
+            source = await store.add_source(str(path), out_path="o", dead_path="d")
+            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+
+            async def claim(n: int, now: float) -> list[str]:
+                jobs = await store.claim(n, now=now)
+                return [orjson.loads(j.body)["messages"][0]["content"] for j in jobs]
+
+            assert await claim(1, t) == ["a"]
+            ((a_id,),) = await store._db.execute_fetchall("SELECT id FROM jobs WHERE state = 1")
+            await store.record([], deferred=[(t + 10, a_id)])
+            return [await claim(1, t + 5), await claim(1, t + 20), await claim(5, t + 20)]
+
+    assert asyncio.run(scenario()) == [["b"], ["a"], ["c"]]
+
+
+def test_the_send_queue_puts_jobs_back_from_waiting_first() -> None:
+    from aiq.worker import _JobQueue
+
+    queue = _JobQueue()
+    for i, due_at in ((1, 0.0), (2, 0.0), (3, 123.0), (4, 0.0)):
+        queue.put_nowait(Job(i, "/v1/chat/completions", b"{}", 0, None, "m", due_at))
+    queue.put_nowait(None)
+    got = [queue.get_nowait() for _ in range(5)]
+    assert [j.id if j else None for j in got] == [3, 1, 2, 4, None]
 
 
 # -- the provider on its own ---------------------------------------------------------------------

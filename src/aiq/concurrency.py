@@ -89,7 +89,10 @@ class AutoConcurrency:
         if rate is None:
             return min(self._max, FALLBACK) if self._limiters.any_limit else 1
         # A quarter more than the mean needs, for latency's spread; two for the ramp.
-        return max(1, min(self._max, math.ceil(rate * latency_s * 1.25) + 2))
+        size = math.ceil(rate * latency_s * 1.25) + 2
+        if self._limiters.unpaced:  # and as many as without limits for the models without
+            size += FALLBACK
+        return max(1, min(self._max, size))
 
     async def _notify_all(self) -> None:
         async with self._gate:

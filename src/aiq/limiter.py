@@ -397,6 +397,12 @@ class Limiters:
         return max(configured) * HEADROOM / 60.0 if configured else None
 
     @property
+    def unpaced(self) -> bool:
+        """Whether some model in use has no known request rate: it can keep any number of
+        senders busy, whatever the others' limits allow."""
+        return any(lim.requests_per_s() is None for lim in self._by_model.values())
+
+    @property
     def any_limit(self) -> bool:
         """Whether any limit is known, configured or learned."""
         if any(r or t for r, t in (self._default, *self._per_model.values())):

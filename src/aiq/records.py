@@ -41,6 +41,7 @@ class Job:
     attempts: int
     first_attempt_at: float | None
     model: str | None = None
+    due_at: float = 0.0  # when it came due; 0: never put back (by a retry or a rate limit)
 
 
 @dataclass(slots=True)

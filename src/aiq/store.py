@@ -443,7 +443,8 @@ class JobStore:
         sent: Sequence[int] = (),
         deferred: Sequence[tuple[float, int]] = (),
     ) -> list[Job]:
-        """Atomically move up to ``limit`` due queued jobs to running, oldest first.
+        """Atomically move up to ``limit`` due queued jobs to running: those put back to
+        wait (retries, deferred jobs) first, by when they came due, then untried ones.
 
         ``sent``: ids of claimed jobs whose request has gone out since the last call. Each
         counts an attempt now, before its outcome, so a process that dies with it in flight
@@ -462,14 +463,21 @@ class JobStore:
             await self._write_sent(sent, deferred)
             if record:
                 await self._write_outcomes(record)
+            # Jobs put back to wait (retries, deferred) first, as they come due, then jobs
+            # never tried, in input order: ordered by next_at alone, a deferred job would
+            # wait behind every untried one, and its model's limit would go unused meanwhile.
             rows = await self._db.execute_fetchall(
                 "UPDATE jobs SET state = ?, lease_until = ?, deferred = 0 WHERE id IN ("
-                "  SELECT id FROM jobs WHERE state = ? AND next_at <= ? ORDER BY next_at, id"
+                "  SELECT id FROM (SELECT id FROM jobs WHERE state = ? AND next_at > 0"
+                "    AND next_at <= ? ORDER BY next_at, id LIMIT ?)"
+                "  UNION ALL"
+                "  SELECT id FROM (SELECT id FROM jobs WHERE state = ? AND next_at = 0"
+                "    AND next_at <= ? ORDER BY id LIMIT ?)"
                 "  LIMIT ?) RETURNING id, endpoint, body, attempts, first_attempt_at, "
                 # The model picks the job's rate limiter and price: read here, in SQLite's
                 # C JSON parser (~0.4 µs), not by scanning the body in the event loop.
-                "json_extract(CAST(body AS TEXT), '$.model')",
-                (RUNNING, now + lease_s, QUEUED, now, limit),
+                "json_extract(CAST(body AS TEXT), '$.model'), next_at",
+                (RUNNING, now + lease_s, QUEUED, now, limit, QUEUED, now, limit, limit),
             )
         return [Job(*r) for r in rows]
 

@@ -33,6 +33,22 @@ _IDLE_POLL_S = 1.0  # how often to look for retries coming due when all else is 
 # goes back to the store until its slot, and the sender takes the next job, so one model's
 # slow limit does not hold up the others (head-of-line blocking).
 _DEFER_AFTER_S = 0.1
+# A job back from the store waits in its limiter up to this long before it is put off again:
+# deferred jobs come back in batches (one per store cycle), a few slots apart, and going to
+# the back of the line for a slot half a second away would leave the limit unused.
+_REDEFER_AFTER_S = 5.0
+
+
+class _JobQueue(asyncio.Queue[Job | None]):
+    """First in, first out, except for jobs back from waiting (retries, deferred jobs): those
+    go to the front. A job deferred until its model's limiter has a slot would otherwise
+    reach a sender only after every job claimed before it, seconds late, with the slot gone."""
+
+    def _put(self, item: Job | None) -> None:  # asyncio.Queue's hook for subclasses
+        if item is not None and item.due_at:
+            self._queue.appendleft(item)  # type: ignore[attr-defined]
+        else:
+            self._queue.append(item)  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)
@@ -121,7 +137,7 @@ class Worker:
         self.progress = progress or Progress()
         self.progress.concurrency = self._concurrency
         self.fatal: ProviderError | None = None
-        self._queue: asyncio.Queue[Job | None] = asyncio.Queue()
+        self._queue = _JobQueue()
         self._pending: list[Outcome] = []  # outcomes not yet handed to the store
         self._sent: list[int] = []  # jobs whose request went out since the last store cycle
         self._deferred: list[tuple[float, int]] = []  # (next_at, id) of jobs put off, unsent
@@ -266,15 +282,22 @@ class Worker:
 
     async def _send_loop(self) -> None:
         queue, auto = self._queue, self._auto
-        while (job := await queue.get()) is not None:
-            if self._stop:
-                continue  # claimed but never started: released back to queued by run()
-            if auto is None:
-                await self._send(job)
-                continue
+        if auto is None:
+            while (job := await queue.get()) is not None:
+                if not self._stop:  # else claimed, never started: released to queued by run()
+                    await self._send(job)
+            return
+        while True:
+            # The turn first, then the job: a task holding a job while it waits for a turn
+            # could wait a long time (a condition's waiters are not served in order), and its
+            # job with it, while later jobs went ahead.
             await auto.enter()
             try:
-                await self._send(job)
+                job = await queue.get()
+                if job is None:
+                    return
+                if not self._stop:
+                    await self._send(job)
             finally:
                 await auto.leave()
 
@@ -339,7 +362,8 @@ class Worker:
         """The job's ticket once its limiter lets it go; None if deferred instead."""
         cost = tokens.estimate(job.body) if limiter.counts_tokens else tokens.NO_COST
         if self._limiters.several and not self._stop:
-            later_s = limiter.defer(cost.prompt, cost.reserved, after_s=_DEFER_AFTER_S)
+            after_s = _REDEFER_AFTER_S if job.due_at else _DEFER_AFTER_S
+            later_s = limiter.defer(cost.prompt, cost.reserved, after_s=after_s)
             if later_s is not None:
                 self._deferred.append((time.time() + later_s, job.id))
                 if self._cycle_due():
