@@ -1,0 +1,128 @@
+"""JobStore.stats, one scan grouped three ways, against a plain query for each figure."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aiq.inputs import Defaults
+from aiq.records import DEAD, DONE, QUEUED, STATE_NAMES, Outcome, Stats
+from aiq.requestfile import read_requests
+from aiq.store import JobStore
+
+NOW = 2_000_000.0
+MODELS = ["a", "b", None]
+ERRORS = ["server", "timeout", "rate_limit", "invalid_request", "auth", "bad_response"]
+
+
+async def _plain(store: JobStore, now: float) -> dict[str, Any]:
+    """Each figure by its own query, the obvious way."""
+
+    async def rows(sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in await store._db.execute_fetchall(sql, params)]
+
+    counts = dict.fromkeys(STATE_NAMES, 0)
+    for state, n in await rows("SELECT state, count(*) FROM jobs GROUP BY state"):
+        counts[STATE_NAMES[state]] = n
+    ((recent, tin, tout),) = await rows(
+        "SELECT count(CASE WHEN finished_at > ? AND state = ? THEN 1 END), "
+        "coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) FROM jobs",
+        now - 60.0,
+        DONE,
+    )
+    ((oldest,),) = await rows("SELECT min(created_at) FROM jobs WHERE state = ?", QUEUED)
+    errors = await rows(
+        "SELECT error_type, count(*) AS n FROM jobs WHERE error_type IS NOT NULL "
+        "AND state != ? GROUP BY error_type ORDER BY n DESC, error_type LIMIT 5",
+        DONE,
+    )
+    models = await rows(
+        "SELECT model, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0), "
+        "sum(cost_usd), count(*) - count(cost_usd) FROM jobs WHERE state = ? "
+        "GROUP BY model ORDER BY model",
+        DONE,
+    )
+    return {
+        "counts": counts,
+        "recent": recent,
+        "tokens": (tin, tout),
+        "oldest": None if oldest is None else round(max(0.0, now - oldest), 1),
+        "errors": errors,
+        "models": models,
+    }
+
+
+def _figures(s: Stats) -> dict[str, Any]:
+    return {
+        "counts": s.counts,
+        "recent": s.done_last_minute,
+        "tokens": (s.tokens_in, s.tokens_out),
+        "oldest": s.oldest_queued_s,
+        "errors": s.top_errors,
+        "models": [
+            (m.model, m.done, m.tokens_in, m.tokens_out, m.cost_usd, m.unpriced) for m in s.models
+        ],
+    }
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 60))
+def test_stats_agree_with_a_plain_query_for_each_figure(
+    tmp_path_factory: Any, seed: int, n: int
+) -> None:
+    rng = random.Random(seed)
+    tmp = tmp_path_factory.mktemp("stats")
+    path = tmp / "p.jsonl"
+    lines = []
+    for i in range(n):
+        line: dict[str, Any] = {"custom_id": f"q{i}", "prompt": f"p{i}"}
+        if (model := rng.choice(MODELS)) is not None:
+            line["model"] = model
+        lines.append(orjson.dumps(line) + b"\n")
+    path.write_bytes(b"".join(lines))
+
+    def outcome(job_id: int) -> Outcome | None:
+        kind = rng.choice(["done", "done", "dead", "retry", "running", "queued"])
+        started = NOW - rng.uniform(0, 200)
+        if kind == "done":
+            cost = rng.choice([None, rng.uniform(0, 0.01)])
+            return Outcome(job_id, DONE, 1, started_at=started, finished_at=started + 1,
+                           tokens_in=rng.randint(0, 50), tokens_out=rng.randint(0, 50),
+                           model=rng.choice(MODELS), cost_usd=cost, response=b"{}")  # fmt: skip
+        if kind in ("dead", "retry"):
+            dead = kind == "dead"
+            return Outcome(job_id, DEAD if dead else QUEUED, 2, started_at=started,
+                           finished_at=started + 1 if dead else None,
+                           next_at=0.0 if dead else NOW + rng.choice([-5, 5]),
+                           error_type=rng.choice(ERRORS), error_message="x")  # fmt: skip
+        return None  # left running or queued as claimed
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with await JobStore.open(tmp / "aiq.db") as store:
+            source = await store.add_source(str(path), out_path="o", dead_path="d")
+            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            jobs = await store.claim(n, now=NOW)
+            outcomes = [o for j in jobs if (o := outcome(j.id)) is not None]
+            await store.record(outcomes)
+            back = [j for j in jobs if rng.random() < 0.3]  # some running ones released
+            await store.release([j for j in back if j.id not in {o.job_id for o in outcomes}])
+            return _figures(await store.stats(now=NOW)), await _plain(store, NOW)
+
+    got, want = asyncio.run(scenario())
+    assert got["counts"] == want["counts"]
+    assert got["recent"] == want["recent"]
+    assert got["tokens"] == want["tokens"]
+    assert got["oldest"] == want["oldest"]
+    assert got["errors"] == want["errors"]
+    assert len(got["models"]) == len(want["models"])
+    for g, w in zip(got["models"], want["models"], strict=True):
+        assert g[:4] == w[:4] and g[5] == w[5]
+        assert (g[4] is None) == (w[4] is None)
+        if g[4] is not None:
+            assert abs(g[4] - w[4]) < 1e-12
+    assert sum(got["counts"].values()) == n
