@@ -79,6 +79,10 @@ class Budget:
         self.per_minute = per_minute
         self._interval = 60.0 / (per_minute * self._headroom)
 
+    def pace_s(self, cost: float) -> float:
+        """How far one booking of ``cost`` moves the pace."""
+        return cost * self._interval
+
     def ready_at(self, earliest: float, cost: float) -> float:
         """The first time from ``earliest`` that ``cost`` fits both the pace and the guard."""
         if cost > self.per_minute:
@@ -284,9 +288,9 @@ class RateLimiter:
         if at - now <= after_s:
             return None
         at = max(at, self._deferred_until)
-        pace = self._requests._interval if self._requests is not None else 0.0
+        pace = self._requests.pace_s(1) if self._requests is not None else 0.0
         if self._tokens is not None and cost:
-            pace = max(pace, cost * self._tokens._interval)
+            pace = max(pace, self._tokens.pace_s(cost))
         self._deferred_until = at + pace
         return at - now
 

@@ -182,19 +182,19 @@ class JobStore:
 
     async def changes(self) -> int:
         """How many transactions have changed the store: equal numbers, equal stores."""
-        rows = list(
-            await self._db.execute_fetchall("SELECT value FROM meta WHERE name = 'changes'")
-        )
-        return int(rows[0][0]) if rows else 0
+        value = await self._meta("changes")
+        return 0 if value is None else int(value)
 
     async def export_stamp(self, source: Source) -> dict[str, Any] | None:
-        """What the last run's export of ``source`` wrote (outputs.Stamp's fields), if any."""
+        """What the last run's export of ``source`` wrote (see outputs._stamp), if any."""
+        value = await self._meta(f"export:{source.id}")
+        return None if value is None else orjson.loads(value)
+
+    async def _meta(self, name: str) -> str | None:
         rows = list(
-            await self._db.execute_fetchall(
-                "SELECT value FROM meta WHERE name = ?", (f"export:{source.id}",)
-            )
+            await self._db.execute_fetchall("SELECT value FROM meta WHERE name = ?", (name,))
         )
-        return orjson.loads(rows[0][0]) if rows else None
+        return rows[0][0] if rows else None
 
     async def save_export_stamp(self, source: Source, stamp: dict[str, Any]) -> None:
         """Keep ``stamp`` for ``source``; not counted as a change (it describes the files)."""
@@ -460,7 +460,8 @@ class JobStore:
             await self.record(record, sent=sent, deferred=deferred)
             return []
         async with self.transaction():
-            await self._write_sent(sent, deferred)
+            await self._write_sent(sent)
+            await self._write_deferred(deferred)
             if record:
                 await self._write_outcomes(record)
             # Jobs put back to wait (retries, deferred) first, as they come due, then jobs
@@ -512,16 +513,19 @@ class JobStore:
         if not outcomes and not sent and not deferred:
             return
         async with self.transaction():
-            await self._write_sent(sent, deferred)
+            await self._write_sent(sent)
+            await self._write_deferred(deferred)
             if outcomes:
                 await self._write_outcomes(outcomes)
 
-    async def _write_sent(self, sent: Sequence[int], deferred: Sequence[tuple[float, int]]) -> None:
+    async def _write_sent(self, sent: Sequence[int]) -> None:
         if sent:
             await self._db.executemany(
                 "UPDATE jobs SET attempts = attempts + 1 WHERE id = ? AND state = ?",
                 [(i, RUNNING) for i in sent],
             )
+
+    async def _write_deferred(self, deferred: Sequence[tuple[float, int]]) -> None:
         if deferred:
             await self._db.executemany(
                 "UPDATE jobs SET state = ?, next_at = ?, lease_until = NULL, deferred = 1 "
