@@ -177,9 +177,19 @@ async def export_source(
         if stamp is not None and wanted is not None and _same_files(stamp, wanted):
             n_results, n_dead = stamp["results"][-1], stamp["dead"][-1]
             return Export(source.path, results_path, dead_path, n_results, n_dead, written=False)
-    n_results = n_dead = 0
-    dumps = orjson.dumps
-    with _AtomicFile(results_path) as f:
+    n_results = await _write_results(store, source, order, results_path)
+    n_dead = await _write_dead(store, source, dead_path)
+    if skip_unchanged:
+        stamp = _stamp(changes, order, results_path, dead_path, n_results, n_dead)
+        if stamp is not None:
+            await store.save_export_stamp(source, stamp)
+    return Export(source.path, results_path, dead_path, n_results, n_dead)
+
+
+async def _write_results(store: JobStore, source: Source, order: str, path: str) -> int:
+    """Write ``source``'s results file; returns its lines."""
+    n, dumps = 0, orjson.dumps
+    with _AtomicFile(path) as f:
         async for rows in store.result_rows(source, state=DONE, order=order, columns=_DONE):
             # Formatted, not dumped from a dict: the line is the same bytes in a third of
             # the time, and the stored body goes in as it came (it is JSON already).
@@ -191,8 +201,14 @@ async def export_source(
                     ]
                 )
             )
-            n_results += len(rows)
-    with _AtomicFile(dead_path) as f:
+            n += len(rows)
+    return n
+
+
+async def _write_dead(store: JobStore, source: Source, path: str) -> int:
+    """Write ``source``'s dead-letter file, in input order; returns its lines."""
+    n, dumps = 0, orjson.dumps
+    with _AtomicFile(path) as f:
         async for rows in store.result_rows(source, state=DEAD, order="input", columns=_DEAD):
             for custom_id, line, status, attempts, error_type, message, first_at, failed_at in rows:
                 f.write(
@@ -212,12 +228,8 @@ async def export_source(
                     )
                 )
                 f.write(b"\n")
-            n_dead += len(rows)
-    if skip_unchanged:
-        stamp = _stamp(changes, order, results_path, dead_path, n_results, n_dead)
-        if stamp is not None:
-            await store.save_export_stamp(source, stamp)
-    return Export(source.path, results_path, dead_path, n_results, n_dead)
+            n += len(rows)
+    return n
 
 
 def _stamp(
