@@ -218,6 +218,8 @@ async def run_batch(
             # A run that changed nothing leaves files that already say what the store holds.
             exports = await _export_all(store, config, input_path, out, dead, skip_unchanged=True)
             summary = RunSummary(added, progress, await store.stats(), exports, stopped)
+            if stopped in ("interrupted", "limit") and not summary.stats.remaining:
+                summary.stopped = None  # the drain finished every job: a finished run
             if worker.fatal is not None:
                 summary.stopped = "fatal"
             elif worker.costs.reached:

@@ -207,9 +207,13 @@ class Worker:
     async def _nap(self, seconds: float) -> None:
         # Cleared only here, right before waiting: nothing can run between the caller's checks
         # and this, so no wake-up is lost, and one set during a cycle is not acted on twice.
+        # asyncio.timeout, not wait_for: on Python 3.11, wait_for swallows a cancel that
+        # arrives as the event is set (stop() sets it just before a second signal cancels
+        # the run), so the second Ctrl-C would not abandon what is in flight.
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
 
     async def _cycle(self) -> bool:
         """Record what finished and claim more, in one transaction; False if nothing to do.
