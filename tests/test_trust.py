@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
 
-from conftest import read_jsonl, start_aiq, write_prompts
+from conftest import aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
 
@@ -48,3 +49,92 @@ def test_a_drain_that_finishes_every_job_exits_as_a_finished_run(tmp_path: Path)
     assert proc.returncode == 0, out + err
     assert "interrupted" not in out
     assert len(read_jsonl(tmp_path / "d.results.jsonl")) == 4
+
+
+def _no_key_env() -> dict[str, str]:
+    env = aiq_env()
+    del env["OPENAI_API_KEY"]  # a local server needs none: resume must not ask for one
+    return env
+
+
+def test_resume_goes_where_the_run_went_without_repeating_flags(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "r.jsonl", [(f"r{i}", f"resume me {i}") for i in range(40)])
+    env = _no_key_env()
+    with FakeServer(latency_s=0.2) as server:
+        args = ["--base-url", server.base_url, "--model", "m", "--concurrency", "2"]
+        first = run_aiq("run", "r.jsonl", *args, "--max-runtime", "1", cwd=tmp_path, env=env)
+        assert first.returncode == 5, first.stderr
+        sent_before = len(server.requests)
+        assert 0 < sent_before < 40
+
+        resumed = run_aiq("resume", cwd=tmp_path, env=env)  # no flags at all, as from cron
+        assert resumed.returncode == 0, resumed.stderr
+        assert len(server.requests) == 40  # the rest went to the same server
+    assert len(read_jsonl(tmp_path / "r.results.jsonl")) == 40
+
+
+def test_a_real_store_refuses_the_simulated_provider(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "s.jsonl", [(f"s{i}", f"real job {i}") for i in range(20)])
+    env = _no_key_env()
+    with FakeServer(latency_s=0.2) as server:
+        args = ["--base-url", server.base_url, "--model", "m", "--concurrency", "1"]
+        first = run_aiq("run", "s.jsonl", *args, "--max-runtime", "1", cwd=tmp_path, env=env)
+        assert first.returncode == 5, first.stderr
+    before = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)["counts"]
+
+    fake = run_aiq("resume", "--provider", "simulated", cwd=tmp_path, env=env)
+    assert fake.returncode == 2
+    assert fake.stderr.startswith("error: ") and "simulated" in fake.stderr
+    assert "--db" in fake.stderr  # what to do instead
+    again = run_aiq("run", "s.jsonl", "--provider", "simulated", cwd=tmp_path, env=env)
+    assert again.returncode == 2, again.stderr
+    after = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)["counts"]
+    assert after == before  # not one job answered by the simulation
+
+
+def test_a_simulated_store_refuses_a_real_provider(tmp_path: Path, server: FakeServer) -> None:
+    write_prompts(tmp_path / "demo.jsonl", [(f"d{i}", f"demo {i}") for i in range(3)])
+    demo = ["--provider", "simulated", "--concurrency", "3"]
+    assert run_aiq("run", "demo.jsonl", *demo, cwd=tmp_path).returncode in (0, 1)
+    real = run_aiq("run", "demo.jsonl", "--base-url", server.base_url, cwd=tmp_path)
+    assert real.returncode == 2
+    assert "simulated" in real.stderr and "--db" in real.stderr
+    assert not server.requests
+
+
+def test_another_base_url_needs_reroute_for_unfinished_jobs(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "m.jsonl", [(f"m{i}", f"move me {i}") for i in range(30)])
+    env = _no_key_env()
+    with FakeServer(latency_s=0.2) as old, FakeServer() as new:
+        args = ["--model", "m", "--concurrency", "1"]
+        first = run_aiq(
+            "run", "m.jsonl", "--base-url", old.base_url, *args, "--max-runtime", "1",
+            cwd=tmp_path, env=env,
+        )  # fmt: skip
+        assert first.returncode == 5, first.stderr
+        sent_to_old = len(old.requests)
+
+        refused = run_aiq("resume", "--base-url", new.base_url, cwd=tmp_path, env=env)
+        assert refused.returncode == 2
+        assert "--reroute" in refused.stderr and old.base_url in refused.stderr
+        assert not new.requests
+
+        moved = run_aiq("resume", "--base-url", new.base_url, "--reroute", cwd=tmp_path, env=env)
+        assert moved.returncode == 0, moved.stderr
+        assert len(old.requests) == sent_to_old
+        assert len(new.requests) == 30 - sent_to_old
+        # The store now goes to the new server: a plain resume or run needs no flag.
+        again = run_aiq("run", "m.jsonl", cwd=tmp_path, env=env)
+        assert again.returncode == 0, again.stderr
+
+
+def test_a_later_file_gets_the_stores_default_model(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "a.jsonl", [("a1", "first file")])
+    write_prompts(tmp_path / "b.jsonl", [("b1", "second file")])
+    env = _no_key_env()
+    with FakeServer() as server:
+        args = ["--base-url", server.base_url, "--model", "nightly-model"]
+        assert run_aiq("run", "a.jsonl", *args, cwd=tmp_path, env=env).returncode == 0
+        later = run_aiq("run", "b.jsonl", cwd=tmp_path, env=env)  # a cron line with no flags
+        assert later.returncode == 0, later.stderr
+        assert [r.body["model"] for r in server.requests] == ["nightly-model"] * 2

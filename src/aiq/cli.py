@@ -108,6 +108,13 @@ MaxCostOpt = Annotated[
         "--max-cost", help="Stop claiming before the store's spend would pass USD; exit 5."
     ),
 ]
+RerouteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--reroute",
+        help="Send the store's unfinished jobs to this provider or base URL, not the recorded one.",
+    ),
+]
 WaitOpt = Annotated[
     float,
     typer.Option(
@@ -278,6 +285,7 @@ def run(
     wait: WaitOpt = 0.0,
     dry_run: DryRunOpt = False,
     max_cost: MaxCostOpt = None,
+    reroute: RerouteOpt = False,
     traceback: TracebackOpt = False,
 ) -> None:
     """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
@@ -288,7 +296,7 @@ def run(
             concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
             timeout_s=timeout, order=order, strict=strict or None,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
-            max_cost_usd=max_cost,
+            max_cost_usd=max_cost, reroute=reroute or None,
         )  # fmt: skip
         if dry_run:
             _dry_run(file, cfg, as_json)
@@ -332,6 +340,7 @@ def resume(
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
     max_cost: MaxCostOpt = None,
+    reroute: RerouteOpt = False,
     traceback: TracebackOpt = False,
 ) -> None:
     """Carry on with what is queued or was running when a run stopped; export outputs."""
@@ -341,7 +350,7 @@ def resume(
             db, config, provider=provider, base_url=base_url, concurrency=concurrency,
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
-            max_cost_usd=max_cost,
+            max_cost_usd=max_cost, reroute=reroute or None,
         )  # fmt: skip
         _run(None, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
 

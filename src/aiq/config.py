@@ -19,6 +19,7 @@ import yaml
 from .errors import UsageError
 from .inputs import Defaults
 from .pricing import Price, parse_prices, price_table
+from .records import Target
 
 PROVIDERS = ("openai", "anthropic", "simulated")
 DEFAULT_DB = Path(".aiq") / "aiq.db"
@@ -68,8 +69,13 @@ class Config:
     metrics_file: str | None = None  # Prometheus textfile, rewritten during and after a run
     order: str = "done"
     strict: bool = False
+    # Send the store's unfinished jobs to a provider or base URL other than the one they were
+    # enqueued for (runner refuses that otherwise).
+    reroute: bool = False
     simulated_latency_s: float = 0.5
     simulated_error_rate: float = 0.05
+    # What resolve() was given, so the config can be resolved again over a store's Target.
+    origin: _Origin | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -139,6 +145,21 @@ class Config:
         """The default prices with the config's over them."""
         return price_table(self.prices)
 
+    @property
+    def target(self) -> Target:
+        """Where this config sends jobs, as a store records it."""
+        return Target(self.provider, self.base_url, self.api_key_env, self.model, self.max_tokens)
+
+    def aimed_at(self, stored: Target) -> Config:
+        """This config resolved again with ``stored`` (a store's Target) as a layer between
+        the defaults and the config file: what the user did not set comes from the store, so
+        ``aiq resume`` goes where the run it resumes went. A config built in code, not by
+        resolve(), is taken as it is."""
+        if self.origin is None:
+            return self
+        o = self.origin
+        return Config.resolve(config_path=o.config_path, env=o.env, flags=o.flags, stored=stored)
+
     @classmethod
     def resolve(
         cls,
@@ -146,12 +167,21 @@ class Config:
         config_path: Path | None = None,
         env: Mapping[str, str] | None = None,
         flags: Mapping[str, Any] | None = None,
+        stored: Target | None = None,
     ) -> Config:
-        """Merge defaults < YAML file < environment < flags (flags of None are unset)."""
+        """Merge defaults < the store's Target < YAML file < environment < flags (flags of
+        None are unset). ``stored`` counts only while the file, environment and flags name no
+        other provider: a store's base URL means nothing to another provider."""
+        origin = _Origin(config_path, env, dict(flags or {}))
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         path = config_path if config_path is not None else _default_config_path()
         file_values = _read_yaml(path) if path is not None else {}
+        if stored is not None:
+            chosen = (flags or {}).get("provider") or file_values.get("provider")
+            if chosen in (None, stored.provider):
+                layer = {k: v for k, v in stored.as_dict().items() if v is not None}
+                file_values = {**layer, **file_values}
         values.update(file_values)
         if "OPENAI_BASE_URL" in env:
             values["base_url"] = env["OPENAI_BASE_URL"]
@@ -173,6 +203,7 @@ class Config:
         values["api_key"] = env.get(key_env) or None
         if "db" in values:
             values["db"] = Path(values["db"])
+        values["origin"] = origin
         try:
             return cls(**values)
         except TypeError as exc:  # a YAML value of the wrong type
@@ -181,6 +212,13 @@ class Config:
     def with_(self, **changes: Any) -> Config:
         """A copy with some fields changed."""
         return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    config_path: Path | None
+    env: Mapping[str, str] | None
+    flags: Mapping[str, Any]
 
 
 def _model_limits(value: Any) -> dict[str, tuple[int | None, int | None]]:
@@ -201,7 +239,7 @@ def _model_limits(value: Any) -> dict[str, tuple[int | None, int | None]]:
     return out
 
 
-_FILE_KEYS = {f.name for f in fields(Config)} - {"api_key"}
+_FILE_KEYS = {f.name for f in fields(Config)} - {"api_key", "origin", "reroute"}
 _ALIASES = {
     "timeout": "timeout_s",
     "connect_timeout": "connect_timeout_s",

@@ -32,6 +32,48 @@ class Source:
 
 
 @dataclass(frozen=True, slots=True)
+class Target:
+    """Where a store's jobs go: its provider, base URL, key variable and the defaults its
+    lines were enqueued with. Recorded by the first run, so ``aiq resume`` (and a cron line
+    with no flags) goes on the same way; the key itself stays in the environment."""
+
+    provider: str
+    base_url: str
+    api_key_env: str
+    model: str | None = None
+    max_tokens: int | None = None
+
+    @property
+    def where(self) -> str:
+        """``openai at http://127.0.0.1:8000/v1``."""
+        return f"{self.provider} at {self.base_url}"
+
+    def same_place(self, other: Target) -> bool:
+        """Whether jobs sent to ``other`` go where they would go to this one."""
+        return self.provider == other.provider and _root(self.base_url) == _root(other.base_url)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "base_url": self.base_url,
+            "api_key_env": self.api_key_env,
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Target:
+        return cls(d["provider"], d["base_url"], d["api_key_env"], d.get("model"),
+                   d.get("max_tokens"))  # fmt: skip
+
+
+def _root(url: str) -> str:
+    # Both providers send to {base}/v1/…, with or without a /v1 on the base URL.
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """A claimed job: what the worker sends."""
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from . import routing
 from .breaker import CircuitBreaker
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .costs import CostMeter
@@ -129,6 +130,8 @@ async def add_file(
 ) -> EnqueueCounts:
     """Enqueue one JSONL file (idempotent); returns new / known / changed / invalid counts."""
     async with open_store(config) as store:
+        stored = await store.target()  # its defaults, as `run` would apply them
+        config = config if stored is None else config.aimed_at(stored)
         return (await _enqueue(store, config, path, out, dead))[1]
 
 
@@ -181,9 +184,11 @@ async def run_batch(
         require_store(config.db)  # resume
     with StoreLock(config.db, wait_s=lock_wait_s):
         async with open_store(config) as store:
+            config = await routing.aim(store, config)
             added = None
             if input_path is not None:
                 _source, added = await _enqueue(store, config, input_path, out, dead)
+            await routing.record(store, config)
             await store.recover_running(config.max_attempts)
             await store.undefer()
             provider, transport = _make_provider(config)

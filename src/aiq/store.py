@@ -34,6 +34,7 @@ from .records import (
     Outcome,
     Source,
     Stats,
+    Target,
 )
 from .requestfile import Prefix, RequestFile
 
@@ -203,6 +204,31 @@ class JobStore:
                 "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)",
                 (f"export:{source.id}", orjson.dumps(stamp).decode()),
             )
+
+    # -- where the jobs go ------------------------------------------------------------------
+
+    async def target(self) -> Target | None:
+        """Where this store's jobs are sent, as its first run recorded it (None: no run yet,
+        or a store from before aiq recorded it)."""
+        value = await self._meta("target")
+        return None if value is None else Target.from_dict(orjson.loads(value))
+
+    async def save_target(self, target: Target) -> None:
+        """Record where the store's jobs go; not a change of its jobs (exports stay current)."""
+        async with _Transaction(self._db, count=False):
+            await self._db.execute(
+                "INSERT OR REPLACE INTO meta (name, value) VALUES ('target', ?)",
+                (orjson.dumps(target.as_dict()).decode(),),
+            )
+
+    async def job_counts(self) -> tuple[int, int]:
+        """(jobs, jobs not done), counted on the (state, next_at) index."""
+        ((total, unfinished),) = await self._db.execute_fetchall(
+            "SELECT count(*), count(CASE WHEN state != ? THEN 1 END) FROM jobs INDEXED BY "
+            "jobs_state_next",
+            (DONE,),
+        )
+        return total, unfinished
 
     # -- sources -------------------------------------------------------------------------
 
