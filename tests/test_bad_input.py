@@ -115,7 +115,7 @@ def test_add_reports_each_bad_line_and_enqueues_the_rest(tmp_path: Path, case: s
 
     proc = _add(tmp_path, data)
 
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == (6 if bad else 0), proc.stderr  # 6: lines were skipped
     assert f"{valid} new, 0 known, 0 changed, {len(bad)} invalid" in proc.stdout
     assert _invalid(proc) == [f"in.jsonl:{n}: {why}" for n, why in bad.items()]
     assert _queued(tmp_path) == valid
@@ -141,7 +141,7 @@ def test_run_sends_exactly_the_valid_lines_of_a_messy_file(
     proc = run_aiq("run", "messy.jsonl", "--base-url", server.base_url, "--model", "m",
                    "-q", cwd=tmp_path)  # fmt: skip
 
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 6, proc.stderr  # finished, but lines were skipped
     assert "4 new, 0 known, 0 changed, 4 invalid" in proc.stdout
     assert [line.split(": ")[0] for line in _invalid(proc)] == [
         "messy.jsonl:2", "messy.jsonl:4", "messy.jsonl:6", "messy.jsonl:8",
@@ -254,7 +254,7 @@ def test_a_line_over_64_mib_is_reported_unread_and_the_rest_enqueued(tmp_path: P
 
     proc, peak_mb = _run_measured("add", "in.jsonl", "--model", "m", cwd=tmp_path)
 
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 6, proc.stderr
     assert "3 new, 0 known, 0 changed, 1 invalid" in proc.stdout
     assert _invalid(proc) == [
         "in.jsonl:2: longer than 64 MiB: not read (too large for one request; is this a "
@@ -279,7 +279,7 @@ def test_many_bad_lines_are_counted_in_full_and_kept_with_reasons_only_in_part(
     again = _add(tmp_path, data)
 
     for proc in (first, again):
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == 6, proc.stderr
         assert "1,500 invalid" in proc.stdout
         assert "in.jsonl:2: not valid JSON" in proc.stderr
         assert "invalid: … and 1,450 more" in proc.stderr
@@ -292,13 +292,13 @@ def test_many_bad_lines_are_counted_in_full_and_kept_with_reasons_only_in_part(
 
 def test_a_prefix_stored_by_an_earlier_aiq_still_counts_its_bad_lines(tmp_path: Path) -> None:
     data = A + b"\n" + b"{oops\n" + B + b"\n"
-    assert _add(tmp_path, data).returncode == 0
+    assert _add(tmp_path, data).returncode == 6
     # Before KEEP_BAD_LINES, the prefix kept a plain list of every invalid line.
     with closing(sqlite3.connect(tmp_path / ".aiq" / "aiq.db")) as con, con:
         con.execute("UPDATE prefixes SET bad = ?", (json.dumps([[2, "not valid JSON"]]),))
 
     again = _add(tmp_path, data)
 
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == 6, again.stderr
     assert "0 new, 2 known, 0 changed, 1 invalid" in again.stdout
     assert "in.jsonl:2: not valid JSON" in again.stderr

@@ -21,7 +21,7 @@ def test_add_counts_new_known_changed_invalid(tmp_path: Path) -> None:
     with f.open("a") as out:
         out.write("{oops\n")
     second = run_aiq("add", f.name, "--model", "m", cwd=tmp_path)
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == 6, second.stderr
     assert "1 new, 2 known, 1 changed, 1 invalid (2 new requests to send)" in second.stdout
     assert "in.jsonl:5: not valid JSON" in second.stderr
 

@@ -34,7 +34,7 @@ def test_forecast_counts_tokens_and_cost_per_model_and_the_eta(tmp_path: Path) -
         cwd=tmp_path,
     )  # fmt: skip
 
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 6, proc.stderr  # as the run would: a line would be skipped
     assert "p.jsonl:6:" in proc.stderr  # the invalid line, reported as `add` reports it
     f = json.loads(proc.stdout)
     assert (f["valid"], f["invalid"], f["duplicates"], f["requests"]) == (5, 1, 1, 4)
@@ -108,7 +108,7 @@ def test_strict_refuses_a_file_with_an_invalid_line_as_run_would(tmp_path: Path)
     lenient = run_aiq("run", "p.jsonl", "--dry-run", "--model", "m", cwd=tmp_path)
     strict = run_aiq("run", "p.jsonl", "--dry-run", "--strict", "--model", "m", cwd=tmp_path)
 
-    assert lenient.returncode == 0, lenient.stderr
+    assert lenient.returncode == 6, lenient.stderr
     assert strict.returncode == 2
     assert "--strict" in strict.stderr and "p.jsonl:2" in strict.stderr
 

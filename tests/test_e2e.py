@@ -156,7 +156,7 @@ def test_invalid_lines_are_reported_and_valid_ones_still_run(
 
     proc = run_aiq("run", "mixed.jsonl", *_run_args(server), cwd=tmp_path)
 
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 6, proc.stderr
     for i, (_, reason) in enumerate(BAD_LINES):
         line_no = 2 + 2 * i
         assert f"mixed.jsonl:{line_no}: " in proc.stderr

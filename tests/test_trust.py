@@ -7,6 +7,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
@@ -138,3 +139,58 @@ def test_a_later_file_gets_the_stores_default_model(tmp_path: Path) -> None:
         later = run_aiq("run", "b.jsonl", cwd=tmp_path, env=env)  # a cron line with no flags
         assert later.returncode == 0, later.stderr
         assert [r.body["model"] for r in server.requests] == ["nightly-model"] * 2
+
+
+def _mixed_file(path: Path) -> None:
+    write_prompts(path, [("ok1", "a good line"), ("ok2", "another good line")])
+    with path.open("a") as f:
+        f.write('{"custom_id": "bad1", "prompt": 42}\n')
+        f.write("not json at all\n")
+
+
+def test_skipped_lines_are_reported_before_sending_and_exit_6(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    _mixed_file(tmp_path / "types.jsonl")
+    proc = run_aiq("run", "types.jsonl", "--base-url", server.base_url, "--model", "m",
+                   "--json", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 6, proc.stderr
+    assert len(server.requests) == 2
+    invalid = [n for n, line in enumerate(proc.stderr.splitlines()) if line.startswith("invalid:")]
+    assert len(invalid) == 2 and "types.jsonl:3" in proc.stderr and "types.jsonl:4" in proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["exit_code"] == 6 and summary["invalid_lines"] == 2
+
+    text = run_aiq("run", "types.jsonl", "--base-url", server.base_url, cwd=tmp_path)
+    assert text.returncode == 6  # a re-run still skips them, and says so
+    assert "skipped 2 invalid input lines" in text.stdout
+
+
+def test_invalid_lines_come_before_any_progress(tmp_path: Path) -> None:
+    _mixed_file(tmp_path / "slow.jsonl")
+    with FakeServer(latency_s=1.0) as server:
+        proc = run_aiq("run", "slow.jsonl", "--base-url", server.base_url, "--model", "m",
+                       cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 6, proc.stderr
+    lines = proc.stderr.splitlines()
+    first_progress = next(n for n, line in enumerate(lines) if " done " in line)
+    assert max(n for n, line in enumerate(lines) if line.startswith("invalid:")) < first_progress
+
+
+def test_add_exits_6_when_lines_were_skipped(tmp_path: Path) -> None:
+    _mixed_file(tmp_path / "a.jsonl")
+    proc = run_aiq("add", "a.jsonl", "--model", "m", cwd=tmp_path)
+    assert proc.returncode == 6, proc.stderr
+    assert "2 new" in proc.stdout and "2 invalid" in proc.stdout
+
+
+@pytest.mark.parametrize("content", ["", "\n\n   \n"])
+def test_an_empty_input_warns_and_exits_7(tmp_path: Path, server: FakeServer, content: str) -> None:
+    (tmp_path / "empty.jsonl").write_text(content)
+    proc = run_aiq("run", "empty.jsonl", "--base-url", server.base_url, cwd=tmp_path)
+    assert proc.returncode == 7, proc.stderr
+    assert "warning: empty.jsonl has no lines" in proc.stderr
+    assert not server.requests
+    assert run_aiq("add", "empty.jsonl", cwd=tmp_path).returncode == 7
+    dry = run_aiq("run", "empty.jsonl", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 7, dry.stderr

@@ -7,6 +7,7 @@ the exit code they carry; anything else is a bug and shows its traceback.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -167,10 +168,7 @@ def _fancy() -> bool:
 
 
 def _print_counts(path: Path, c: EnqueueCounts) -> None:
-    for bad in c.bad_lines[:50]:
-        print(f"invalid: {bad}", file=sys.stderr)
-    if c.invalid > 50:
-        print(f"invalid: … and {c.invalid - 50:,} more", file=sys.stderr)
+    sys.stderr.writelines(f"{line}\n" for line in report.input_warnings(path, c))
     print(f"{path}: {report.add_counts(c)} ({plural(c.jobs_added, 'new request')} to send)")
 
 
@@ -191,6 +189,7 @@ def add(
         cfg = _config(db, config, model=model, strict=strict or None)
         counts = asyncio.run(runner.add_file(cfg, file, out=out, dead=dead))
         _print_counts(file, counts)
+        raise typer.Exit(counts.exit_code)  # 6: lines were skipped, 7: the file was empty
 
     _guard(traceback, body)
 
@@ -212,15 +211,21 @@ class _Display:
         for show in self._shows:
             show(p)
 
+    def added(self, path: Path, c: EnqueueCounts) -> None:
+        """The file is read: say what was wrong with it now, not hours later at the end."""
+        lines = report.input_warnings(path, c)
+        sys.stderr.writelines(f"{line}\n" for line in lines)
+        self._write_log(lines)
+
     def summary(self, s: runner.RunSummary) -> None:
-        if s.added is not None:
-            for bad in s.added.bad_lines[:20]:
-                print(f"invalid: {bad}", file=sys.stderr)
         lines = report.run_summary_lines(s)
         if self.as_json:
             print(json.dumps(report.run_summary_json(s)))
         else:
             print("\n".join(lines))
+        self._write_log(lines)
+
+    def _write_log(self, lines: list[str]) -> None:
         if self._log is not None:
             stamp = datetime.now().astimezone().isoformat(timespec="seconds")
             self._log.writelines(f"{stamp} {line}\n" for line in lines)
@@ -236,6 +241,7 @@ def _run(
     input_path: Path | None, cfg: Config, out: str | None, dead: str | None,
     display: _Display, wait: float,
 ) -> None:  # fmt: skip
+    on_added = None if input_path is None else functools.partial(display.added, input_path)
     try:
         summary = asyncio.run(
             runner.run_batch(
@@ -244,6 +250,7 @@ def _run(
                 out=out,
                 dead=dead,
                 on_progress=display.progress,
+                on_added=on_added,
                 handle_signals=True,
                 lock_wait_s=wait,
             )
@@ -315,7 +322,8 @@ def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
         print(json.dumps(forecast.as_dict()))
     else:
         print("\n".join(report.forecast_lines(forecast)))
-    raise typer.Exit(0)
+    # As the run would exit: 6 if it would skip lines, 7 if the file is empty.
+    raise typer.Exit(6 if forecast.invalid else 0 if forecast.valid else 7)
 
 
 @app.command()

@@ -11,6 +11,10 @@ what to do next; the CLI prints it as one ``error: …`` line. Anything else is 
     ├── StoreLocked          3  another run holds the store
     ├── FatalProviderError   4  auth, quota, unknown model, unreachable endpoint
     └── LimitReached         5  a limit the user set stopped the run (resumable)
+
+Two more codes say a command finished but its input needs a look (no exception: the work was
+done): SKIPPED_LINES 6, input lines were invalid and skipped; EMPTY_INPUT 7, the input file
+held no line at all (a cron job whose generator failed).
 """
 
 from __future__ import annotations
@@ -60,3 +64,7 @@ class Interrupted(AiqError):
     """SIGINT/SIGTERM stopped the run after draining; ``aiq resume`` continues."""
 
     exit_code = 130
+
+
+SKIPPED_LINES = 6  # finished, but invalid input lines were skipped (never sent, in no output)
+EMPTY_INPUT = 7  # finished, but the input file held no line

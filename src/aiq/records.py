@@ -7,6 +7,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import EMPTY_INPUT, SKIPPED_LINES
 from .inputs import BadLine
 
 QUEUED, RUNNING, DONE, DEAD = 0, 1, 2, 3
@@ -119,6 +120,18 @@ class EnqueueCounts:
     jobs_added: int = 0  # distinct new requests that will be sent
     valid: int = 0
     bad_lines: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD_LINES
+
+    @property
+    def empty(self) -> bool:
+        """Whether the file held no line at all (blank lines aside)."""
+        return not self.valid and not self.invalid
+
+    @property
+    def exit_code(self) -> int:
+        """0, or errors.SKIPPED_LINES / EMPTY_INPUT: what this input asks a cron user to see."""
+        if self.empty:
+            return EMPTY_INPUT
+        return SKIPPED_LINES if self.invalid else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,12 +109,39 @@ def plural(n: int, noun: str, nouns: str | None = None) -> str:
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {nouns or noun + 's'}"
 
 
+def input_warnings(path: object, c: EnqueueCounts, *, shown: int = 50) -> list[str]:
+    """The invalid lines of a file just read (the first ``shown``), or that it was empty."""
+    lines = [f"invalid: {bad}" for bad in c.bad_lines[:shown]]
+    if c.invalid > shown:
+        lines.append(f"invalid: … and {c.invalid - shown:,} more")
+    if c.empty:
+        lines.append(
+            f"warning: {path} has no lines: nothing was added (if a program writes it, did it "
+            "fail?); exit code 7"
+        )
+    return lines
+
+
+def skipped_line(c: EnqueueCounts) -> str | None:
+    """The summary's word on invalid input lines: never sent, in no output file."""
+    if not c.invalid:
+        return None
+    return (
+        f"skipped {plural(c.invalid, 'invalid input line')} (listed when the file was read): "
+        "never sent, in no output file; fix them and run again (exit code 6)"
+    )
+
+
 def run_summary_lines(s: RunSummary) -> list[str]:
     """The end of a run, on one screen: what it did, where the store stands, the files."""
     p = s.progress
     lines = []
     if s.added is not None:
         lines.append(f"added: {add_counts(s.added)}")
+        if skipped := skipped_line(s.added):
+            lines.append(skipped)
+        elif s.added.empty:
+            lines.append("warning: the input file has no lines: nothing was added (exit code 7)")
     c = s.stats.counts
     retries = plural(p.retries, "retry", "retries")
     lines.append(
@@ -156,6 +183,8 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "tokens_out": p.tokens_out,
         "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
         "unpriced": p.unpriced,
+        "invalid_lines": None if s.added is None else s.added.invalid,
+        "empty_input": None if s.added is None else s.added.empty,
         "status": s.stats.as_dict(),
         "outputs": [
             {"input": e.source, "results": e.results_path, "dead": e.dead_path,

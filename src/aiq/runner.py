@@ -65,13 +65,17 @@ class RunSummary:
 
     @property
     def exit_code(self) -> int:
-        """0 all done, 1 some dead, 4 fatal, 5 a user limit, 130 interrupted (DESIGN.md)."""
+        """0 all done, 1 some dead, 4 fatal, 5 a user limit, 130 interrupted (DESIGN.md);
+        6 invalid input lines skipped, 7 an empty input file. Input that was skipped comes
+        before dead jobs: dead letters are in a file, skipped lines in none."""
         if self.stopped == "fatal":
             return FatalProviderError.exit_code
         if self.stopped in ("limit", "budget"):
             return LimitReached.exit_code
         if self.stopped == "interrupted":
             return Interrupted.exit_code
+        if self.added is not None and self.added.exit_code:
+            return self.added.exit_code
         return 1 if any(e.dead for e in self.exports) else 0
 
 
@@ -170,6 +174,7 @@ async def run_batch(
     out: str | None = None,
     dead: str | None = None,
     on_progress: ProgressCallback | None = None,
+    on_added: Callable[[EnqueueCounts], None] | None = None,
     progress_interval_s: float = 0.5,
     handle_signals: bool = False,
     lock_wait_s: float = 0.0,
@@ -177,7 +182,8 @@ async def run_batch(
     """``aiq run FILE`` (with ``input_path``) or ``aiq resume`` (without).
 
     Holds the store's lock throughout, recovers jobs a dead run left ``running``, works until
-    nothing is due, then exports every input file's results and dead letters.
+    nothing is due, then exports every input file's results and dead letters. ``on_added``
+    hears what the file added (and its invalid lines) before anything is sent.
     """
     started = time.monotonic()
     if input_path is None:
@@ -188,6 +194,8 @@ async def run_batch(
             added = None
             if input_path is not None:
                 _source, added = await _enqueue(store, config, input_path, out, dead)
+                if on_added is not None:
+                    on_added(added)
             await routing.record(store, config)
             await store.recover_running(config.max_attempts)
             await store.undefer()
