@@ -155,12 +155,20 @@ def test_status_and_export_read_a_store_in_a_directory_aiq_may_not_write(
     assert sorted(os.listdir(store_dir)) == ["aiq.db"]  # no -wal or -shm left behind
 
 
-def test_missing_directories_of_a_store_path_are_created(tmp_path: Path) -> None:
-    # What `mkdir -p` would do: a user naming a new store's place expects it made there.
+def test_missing_directories_of_a_store_path_are_an_error(tmp_path: Path) -> None:
+    # A missing directory is more often a typo than a wish: a new store there would send,
+    # and bill, everything again. Only aiq's own .aiq directory is made.
     write_prompts(tmp_path / "in.jsonl", _prompts(3))
+    proc = run_aiq("add", "in.jsonl", "--model", "m", "--db", "runs/june/aiq.db", cwd=tmp_path)
+    _one_error(proc, "runs/june/aiq.db: directory runs/june does not exist")
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "runs" / "june").mkdir(parents=True)
     proc = run_aiq("add", "in.jsonl", "--model", "m", "--db", "runs/june/aiq.db", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert _counts(tmp_path, "runs/june/aiq.db")["queued"] == 3
+    proc = run_aiq("add", "in.jsonl", "--model", "m", "--db", "elsewhere/.aiq/aiq.db",
+                   cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr  # .aiq is made, but not the directories above it
     # Commands that carry on with a store never make one: a mistyped path is an error, not
     # an empty store that "finishes" nothing with exit 0.
     for args in (["status"], ["export"], _RESUME, ["replay-dead"]):
@@ -357,9 +365,12 @@ def test_a_really_full_disk_mid_run(tmp_path: Path, small_disk: Path, server: Fa
 # -- files beside the store ---------------------------------------------------------------------
 
 
-def test_log_and_metrics_files_get_their_directories(tmp_path: Path) -> None:
+def test_a_log_file_gets_its_directory_a_metrics_file_needs_one(tmp_path: Path) -> None:
+    # A textfile collector reads one directory: a metrics file made anywhere else is lost.
     write_prompts(tmp_path / "in.jsonl", _prompts(3))
     args = ["--log-file", "logs/aiq.log", "--metrics-file", "metrics/aiq.prom", "-q"]
+    _one_error(run_aiq(*_RUN, *args, cwd=tmp_path), "metrics/aiq.prom", "does not exist")
+    (tmp_path / "metrics").mkdir()
     proc = run_aiq(*_RUN, *args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "finished 3" in (tmp_path / "logs" / "aiq.log").read_text()

@@ -194,3 +194,59 @@ def test_an_empty_input_warns_and_exits_7(tmp_path: Path, server: FakeServer, co
     assert run_aiq("add", "empty.jsonl", cwd=tmp_path).returncode == 7
     dry = run_aiq("run", "empty.jsonl", "--dry-run", cwd=tmp_path)
     assert dry.returncode == 7, dry.stderr
+
+
+# -- what failed or read-only commands leave behind -----------------------------------------
+
+
+def test_a_missing_or_garbage_input_leaves_no_store(tmp_path: Path) -> None:
+    assert run_aiq("add", "nosuch.jsonl", "--model", "m", cwd=tmp_path).returncode == 2
+    (tmp_path / "p.csv").write_text("custom_id,prompt\na1,what is 2+2?\n")
+    proc = run_aiq("run", "p.csv", "--provider", "simulated", cwd=tmp_path)
+    assert proc.returncode == 2 and "no valid line" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"]
+
+
+def test_a_mistyped_db_directory_is_an_error_not_a_new_store(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    write_prompts(tmp_path / "f.jsonl", [("a", "hello")])
+    missing = tmp_path / "no" / "such" / "dir" / "aiq.db"
+    for command in (("run", "f.jsonl", "--base-url", server.base_url), ("add", "f.jsonl")):
+        proc = run_aiq(*command, "--model", "m", "--db", missing, cwd=tmp_path)
+        assert proc.returncode == 2
+        assert f"directory {missing.parent} does not exist" in proc.stderr
+    assert not (tmp_path / "no").exists() and not server.requests
+
+
+def test_run_says_when_it_makes_a_new_store(tmp_path: Path, server: FakeServer) -> None:
+    write_prompts(tmp_path / "f.jsonl", [("a", "hello")])
+    args = ["--base-url", server.base_url, "--model", "m"]
+    first = run_aiq("run", "f.jsonl", *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert f"new store at {Path('.aiq') / 'aiq.db'}" in first.stderr
+    again = run_aiq("run", "f.jsonl", *args, cwd=tmp_path)
+    assert again.returncode == 0 and "new store" not in again.stderr
+
+
+def test_read_only_commands_leave_no_wal_or_shm(tmp_path: Path, server: FakeServer) -> None:
+    write_prompts(tmp_path / "f.jsonl", [("a", "hello")])
+    args = ["--base-url", server.base_url, "--model", "m"]
+    assert run_aiq("run", "f.jsonl", *args, cwd=tmp_path).returncode == 0
+    store_files = sorted(p.name for p in (tmp_path / ".aiq").iterdir())
+    run_aiq("check", *args, cwd=tmp_path)
+    assert run_aiq("status", cwd=tmp_path).returncode == 0
+    assert run_aiq("export", cwd=tmp_path).returncode == 0
+    assert sorted(p.name for p in (tmp_path / ".aiq").iterdir()) == store_files
+    assert not any(name.endswith(("-wal", "-shm")) for name in store_files)
+
+
+def test_a_metrics_file_in_a_missing_directory_is_refused(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    write_prompts(tmp_path / "f.jsonl", [("a", "hello")])
+    proc = run_aiq("run", "f.jsonl", "--base-url", server.base_url, "--model", "m",
+                   "--metrics-file", "nodir/aiq.prom", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2
+    assert "nodir" in proc.stderr and "does not exist" in proc.stderr
+    assert not (tmp_path / "nodir").exists() and not server.requests

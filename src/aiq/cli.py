@@ -187,8 +187,11 @@ def add(
 
     def body() -> None:
         cfg = _config(db, config, model=model, strict=strict or None)
+        new = not cfg.db.exists()
         counts = asyncio.run(runner.add_file(cfg, file, out=out, dead=dead))
         _print_counts(file, counts)
+        if new:  # a mistyped --db would otherwise start a store quietly
+            print(f"new store at {cfg.db}", file=sys.stderr)
         raise typer.Exit(counts.exit_code)  # 6: lines were skipped, 7: the file was empty
 
     _guard(traceback, body)
@@ -199,6 +202,7 @@ class _Display:
 
     def __init__(self, quiet: bool, as_json: bool, log_file: Path | None) -> None:
         self.as_json = as_json
+        self.new_store: Path | None = None  # said once the file is in it
         self._log = open_log(log_file) if log_file else None
         shows: list[Any] = []
         if not (quiet or as_json):
@@ -214,6 +218,8 @@ class _Display:
     def added(self, path: Path, c: EnqueueCounts) -> None:
         """The file is read: say what was wrong with it now, not hours later at the end."""
         lines = report.input_warnings(path, c)
+        if self.new_store is not None:  # a mistyped --db would otherwise start a store quietly
+            lines.append(f"new store at {self.new_store}")
         sys.stderr.writelines(f"{line}\n" for line in lines)
         self._write_log(lines)
 
@@ -307,7 +313,10 @@ def run(
         )  # fmt: skip
         if dry_run:
             _dry_run(file, cfg, as_json)
-        _run(file, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
+        display = _Display(quiet, as_json, log_file)
+        if not (quiet or cfg.db.exists()):
+            display.new_store = cfg.db
+        _run(file, cfg, out, dead, display, wait)
 
     _guard(traceback, body)
 

@@ -17,6 +17,28 @@ from pathlib import Path
 
 from .errors import StoreError, StoreLocked
 
+STORE_DIR = ".aiq"  # the default store's directory, the only one aiq makes itself
+
+
+def make_store_dir(db: Path) -> None:
+    """Make the directory of a store at ``db`` if it is aiq's own (``.aiq``); any other missing
+    directory is a typo in --db (or $AIQ_DB), and a new store there would send everything again.
+    """
+    parent = db.parent
+    if parent.is_dir():
+        return
+    if parent.name != STORE_DIR:
+        raise StoreError(
+            f"{db}: directory {parent} does not exist; create it first, or fix --db ($AIQ_DB)"
+        )
+    try:
+        parent.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            f"{db}: cannot create {parent} ({exc.strerror}); make {parent.parent} writable "
+            "or pass --db PATH"
+        ) from exc
+
 
 class StoreLock:
     """``with StoreLock(db_path):`` — held for the whole of a run or resume."""
@@ -51,8 +73,8 @@ class StoreLock:
         return self
 
     def _open(self) -> int:
+        make_store_dir(self.path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise StoreError(

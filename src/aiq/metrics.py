@@ -6,9 +6,11 @@ end, so the collector never reads half a file.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
+from .errors import OutputError
 from .outputs import write_atomic
 from .records import Stats
 from .worker import Progress
@@ -78,6 +80,14 @@ class MetricsWriter:
     """Rewrites the metrics file at most every ``every_s`` seconds, and at the end."""
 
     def __init__(self, path: str, *, every_s: float = 5.0) -> None:
+        # A textfile collector's directory that is not there is a typo: making it would only
+        # hide the metrics where nothing reads them.
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise OutputError(
+                f"{path}: --metrics-file: directory {parent} does not exist; create it or fix "
+                "the path"
+            )
         self.path = path
         self.clock = RunClock(started_at=time.time())
         self._every_s = every_s

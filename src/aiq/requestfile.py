@@ -186,6 +186,10 @@ class RequestFile:
     def __iter__(self) -> Iterator[Request | BadLine]:
         return self.read()
 
+    def check(self) -> None:
+        """InputError now, as reading would raise it, if the file cannot be read at all."""
+        self._open().close()
+
     def _open(self) -> IO[bytes]:
         if self.path.is_dir():
             raise InputError(f"{self.name}: is a directory; give a JSONL file")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,10 +134,35 @@ async def add_file(
     config: Config, path: Path, *, out: str | None = None, dead: str | None = None
 ) -> EnqueueCounts:
     """Enqueue one JSONL file (idempotent); returns new / known / changed / invalid counts."""
+    read_requests(path, config.defaults).check()  # before any store is made
+    with _no_store_left_on_bad_input(config.db):
+        return await _add_file(config, path, out, dead)
+
+
+async def _add_file(config: Config, path: Path, out: str | None, dead: str | None) -> EnqueueCounts:
     async with open_store(config) as store:
         stored = await store.target()  # its defaults, as `run` would apply them
         config = config if stored is None else config.aimed_at(stored)
         return (await _enqueue(store, config, path, out, dead))[1]
+
+
+@contextlib.contextmanager
+def _no_store_left_on_bad_input(db: Path) -> Iterator[None]:
+    """A command that made a new store and then found no valid line to put in it removes the
+    store again: a mistyped or garbage file must not leave one behind to be found later."""
+    made_dir = not db.parent.exists()
+    made = not db.exists()
+    try:
+        yield
+    except InputError:
+        if made:
+            for suffix in ("", "-wal", "-shm", ".lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f"{db}{suffix}")
+            if made_dir:
+                with contextlib.suppress(OSError):
+                    db.parent.rmdir()  # only if empty
+        raise
 
 
 def _make_provider(config: Config) -> tuple[Provider, httpx.AsyncBaseTransport]:
@@ -188,7 +214,10 @@ async def run_batch(
     started = time.monotonic()
     if input_path is None:
         require_store(config.db)  # resume
-    with StoreLock(config.db, wait_s=lock_wait_s):
+    else:
+        read_requests(input_path, config.defaults).check()  # before any store is made
+    metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
+    with _no_store_left_on_bad_input(config.db), StoreLock(config.db, wait_s=lock_wait_s):
         async with open_store(config) as store:
             config = await routing.aim(store, config)
             added = None
@@ -222,7 +251,6 @@ async def run_batch(
                 progress=progress,
                 costs=await _cost_meter(store, config, stats),
             )
-            metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
             tick = _ticker(on_progress, metrics)
             try:
                 stopped = await _work(worker, config, tick, progress_interval_s, handle_signals)

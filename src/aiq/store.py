@@ -21,6 +21,7 @@ import orjson
 from . import bulk
 from .errors import StoreError
 from .inputs import KEEP_BAD_LINES, BadLine, Request
+from .lock import make_store_dir
 from .migrations import MIGRATIONS
 from .records import (
     DEAD,
@@ -96,6 +97,16 @@ class JobStore:
         if not readonly:
             _create(p)
             return await cls._connect(p, str(p), readonly=False)
+        if os.access(p, os.W_OK) and os.access(p.parent, os.W_OK):
+            # Read-write, but query_only: SQLite removes the -wal and -shm files when the last
+            # connection closes, which a mode=ro connection cannot do (`aiq check` or `status`
+            # would leave them behind). Nothing is written: query_only refuses it.
+            try:
+                return await cls._connect(p, f"file:{quote(str(p))}?mode=rw", readonly=True)
+            except StoreOutdated:
+                raise
+            except StoreError:
+                pass  # then as a reader that may not write
         uri = f"file:{quote(str(p))}?mode=ro"
         try:
             return await cls._connect(p, uri, readonly=True)
@@ -120,6 +131,8 @@ class JobStore:
         try:
             for pragma in _PRAGMAS[1:] if readonly else _PRAGMAS:
                 await db.execute(pragma)
+            if readonly:
+                await db.execute("PRAGMA query_only = 1")
             await store._migrate(readonly=readonly)
         except BaseException as exc:
             with suppress(sqlite3.Error):
@@ -721,8 +734,8 @@ def require_store(path: str | os.PathLike[str]) -> None:
 
 def _create(p: Path) -> None:
     """Create the store's file (and missing directories) owner-only, if it is not there."""
+    make_store_dir(p)
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
         if not p.exists():
             # Prompts and replies are private: owner-only from the first byte.
             os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
