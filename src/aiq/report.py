@@ -39,6 +39,8 @@ def forecast_lines(f: Forecast) -> list[str]:
         skipped.append(f"{f.duplicates:,} repeating an earlier line's request")
     if f.done_before:
         skipped.append(f"{f.done_before:,} done before")
+    if f.dead_before:
+        skipped.append(f"{f.dead_before:,} dead (sent again only after `aiq replay-dead`)")
     lines.append(f"{f.path}: {', '.join(skipped)} → {plural(f.requests, 'request')} to send")
     if f.store_note:
         lines.append(f.store_note)

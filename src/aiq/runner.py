@@ -39,7 +39,7 @@ from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
-from .records import EnqueueCounts, Source, Stats
+from .records import DEAD, EnqueueCounts, Source, Stats
 from .report import plural
 from .requestfile import read_requests
 from .store import JobStore, require_store
@@ -386,8 +386,9 @@ async def replay_dead(
 async def forecast_file(config: Config, path: Path) -> Forecast:
     """``aiq run FILE --dry-run``: validate and count FILE, send nothing, change nothing.
 
-    Requests the store has already done are not counted (a run would not send them); the
-    store is opened read-only, and only if it exists.
+    Requests the store has already done, or dead-lettered, are not counted (a run sends
+    neither: dead jobs wait for ``replay-dead``); the store is opened read-only, and only if
+    it exists.
     """
     forecast = Forecast(str(path), config.rpm, config.tpm, config.model_limits)
     default_output = 0
@@ -404,9 +405,11 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
         for batch in read_requests(path, config.defaults).batches(10_000):
             fresh = counter.add(batch)
             if store is not None and fresh:
-                done = await store.done_among([k for k, _ in fresh])
-                forecast.done_before += len(done)
-                fresh = [(k, r) for k, r in fresh if k not in done]
+                finished = await store.finished_among([k for k, _ in fresh])
+                dead = sum(state == DEAD for state in finished.values())
+                forecast.done_before += len(finished) - dead
+                forecast.dead_before += dead
+                fresh = [(k, r) for k, r in fresh if k not in finished]
             counter.count(r for _, r in fresh)
     if forecast.invalid and (config.strict or not forecast.valid):  # run would refuse it
         first = "\n".join(f"  {b}" for b in forecast.bad_lines[:5])

@@ -625,17 +625,19 @@ class JobStore:
         )
         return {r[0] for r in rows}
 
-    async def done_among(self, k64s: Sequence[int]) -> set[int]:
-        """Which of these jobs (by ``k64``) the store has done already."""
-        done: set[int] = set()
+    async def finished_among(self, k64s: Sequence[int]) -> dict[int, int]:
+        """Which of these jobs (by ``k64``) the store has finished: their state, DONE or DEAD.
+        A run sends neither: dead jobs wait for ``replay_dead``."""
+        finished: dict[int, int] = {}
         for i in range(0, len(k64s), 900):  # under SQLite's 999 parameters of old versions
             chunk = k64s[i : i + 900]
             rows = await self._db.execute_fetchall(
-                f"SELECT k64 FROM jobs WHERE state = ? AND k64 IN ({', '.join('?' * len(chunk))})",
-                (DONE, *chunk),
+                f"SELECT k64, state FROM jobs WHERE state IN (?, ?) "
+                f"AND k64 IN ({', '.join('?' * len(chunk))})",
+                (DONE, DEAD, *chunk),
             )
-            done.update(r[0] for r in rows)
-        return done
+            finished.update((k, state) for k, state in rows)
+        return finished
 
     async def replay_dead(
         self, *, error_type: str | None = None, custom_ids: Sequence[str] = ()
