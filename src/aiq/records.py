@@ -79,6 +79,16 @@ class EnqueueCounts:
     bad_lines: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD_LINES
 
 
+@dataclass(slots=True)
+class Replayed:
+    """What ``replay-dead`` did: how many dead jobs it queued again, the error types the dead
+    jobs had before, and why each custom_id asked for that was not replayed was not."""
+
+    replayed: int = 0
+    dead_types: dict[str, int] = field(default_factory=dict)  # error type → dead jobs
+    not_replayed: dict[str, str] = field(default_factory=dict)  # custom_id → "done", …
+
+
 @dataclass(frozen=True, slots=True)
 class ModelUsage:
     """Done jobs of one model (None: bodies naming none), their tokens and what they cost."""

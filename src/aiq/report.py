@@ -8,7 +8,7 @@ from .forecast import Forecast
 from .outputs import Export
 from .pricing import PRICES_AS_OF
 from .progress import fmt_duration
-from .records import EnqueueCounts, Stats
+from .records import EnqueueCounts, Replayed, Stats
 from .worker import Progress
 
 if TYPE_CHECKING:
@@ -195,4 +195,21 @@ def status_lines(s: Stats) -> list[str]:
     ]
     if s.top_errors:
         lines.append("errors: " + ", ".join(f"{t} {n}" for t, n in s.top_errors))
+    return lines
+
+
+def replay_lines(r: Replayed) -> list[str]:
+    """What ``replay-dead`` did, and what to do next only when there is something to do."""
+    if r.replayed:
+        lines = [f"replayed {plural(r.replayed, 'dead job')}; run `aiq resume` to send them"]
+    elif not r.dead_types:
+        lines = ["nothing to replay: the store has no dead jobs"]
+    elif r.not_replayed:
+        lines = ["nothing to replay: none of those custom_ids has a dead job"]
+    else:
+        lines = ["nothing to replay: no dead job matches"]
+    if r.not_replayed:
+        shown = [f"{c} ({why})" for c, why in list(r.not_replayed.items())[:10]]
+        more = len(r.not_replayed) - len(shown)
+        lines.append("not replayed: " + ", ".join(shown) + (f" and {more:,} more" if more else ""))
     return lines

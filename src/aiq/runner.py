@@ -39,7 +39,8 @@ from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
-from .records import DEAD, EnqueueCounts, Source, Stats
+from .records import DEAD, EnqueueCounts, Replayed, Source, Stats
+from .replay import replay
 from .report import plural
 from .requestfile import read_requests
 from .store import JobStore, require_store
@@ -376,11 +377,13 @@ async def store_status(config: Config) -> Stats:
 
 async def replay_dead(
     config: Config, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
-) -> int:
-    """``aiq replay-dead``: dead jobs back to queued, attempts reset; returns how many."""
+) -> Replayed:
+    """``aiq replay-dead``: dead jobs (all, of one error type, of these custom_ids) back to
+    queued, attempts reset; UsageError, and nothing replayed, for a filter that names what
+    the store does not have (see replay.replay)."""
     require_store(config.db)
     async with open_store(config) as store:
-        return await store.replay_dead(error_type=error_type, custom_ids=custom_ids)
+        return await replay(store, error_type=error_type, custom_ids=custom_ids)
 
 
 async def forecast_file(config: Config, path: Path) -> Forecast:

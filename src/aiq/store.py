@@ -20,7 +20,7 @@ import orjson
 
 from . import bulk
 from .errors import StoreError
-from .inputs import KEEP_BAD_LINES, BadLine, Request
+from .inputs import KEEP_BAD_LINES, BadLine, Request, custom_id_hash
 from .migrations import MIGRATIONS
 from .records import (
     DEAD,
@@ -639,26 +639,57 @@ class JobStore:
             finished.update((k, state) for k, state in rows)
         return finished
 
+    async def dead_error_types(self) -> dict[str, int]:
+        """Dead jobs by the type of their last error, most first (``?``: a job without one)."""
+        rows = await self._db.execute_fetchall(  # a range of the (state, next_at) index
+            "SELECT coalesce(error_type, '?') AS t, count(*) AS n FROM jobs WHERE state = ? "
+            "GROUP BY t ORDER BY n DESC, t",
+            (DEAD,),
+        )
+        return {t: n for t, n in rows}
+
+    async def jobs_of(self, custom_ids: Sequence[str]) -> dict[str, list[tuple[int, int, str]]]:
+        """The jobs (id, state, last error type or ``?``) of the items with these custom_ids,
+        in every input file; an id no item has is left out."""
+        wanted = {custom_id_hash(c): c for c in custom_ids}
+        found: dict[str, list[tuple[int, int, str]]] = {}
+        hashes = list(wanted)
+        for source in await self.sources():
+            for i in range(0, len(hashes), 900):  # through the (source_id, ck) index
+                chunk = hashes[i : i + 900]
+                rows = await self._db.execute_fetchall(
+                    "SELECT i.custom_id, j.id, j.state, coalesce(j.error_type, '?') FROM items i "
+                    "JOIN jobs j ON j.k64 = i.job_k64 "
+                    f"WHERE i.source_id = ? AND i.ck IN ({', '.join('?' * len(chunk))})",
+                    (source.id, *chunk),
+                )
+                for custom_id, job_id, state, error_type in rows:
+                    if wanted.get(custom_id_hash(custom_id)) == custom_id:
+                        found.setdefault(custom_id, []).append((job_id, state, error_type))
+        return found
+
     async def replay_dead(
-        self, *, error_type: str | None = None, custom_ids: Sequence[str] = ()
+        self, *, error_type: str | None = None, job_ids: Sequence[int] | None = None
     ) -> int:
-        """Move dead jobs (all, or of one error type, or of these custom_ids) back to queued."""
-        where: list[str] = ["state = ?"]
-        params: list[object] = [DEAD]
-        if error_type:
-            where.append("error_type = ?")
+        """Move dead jobs (all, or of one error type, or among ``job_ids``) back to queued,
+        attempts reset; returns how many."""
+        where, params = "state = ?", list[object]([DEAD])
+        if error_type is not None:
+            where += " AND coalesce(error_type, '?') = ?"
             params.append(error_type)
-        if custom_ids:
-            marks = ", ".join("?" * len(custom_ids))
-            where.append(f"k64 IN (SELECT job_k64 FROM items WHERE custom_id IN ({marks}))")
-            params.extend(custom_ids)
+        sql = (
+            "UPDATE jobs SET state = ?, attempts = 0, next_at = 0, finished_at = NULL "
+            f"WHERE {where}"
+        )
         async with self.transaction():
-            cur = await self._db.execute(
-                "UPDATE jobs SET state = ?, attempts = 0, next_at = 0, finished_at = NULL "
-                f"WHERE {' AND '.join(where)}",
-                (QUEUED, *params),
+            if job_ids is None:
+                cur = await self._db.execute(sql, (QUEUED, *params))
+                return cur.rowcount
+            before = self._db.total_changes
+            await self._db.executemany(
+                sql + " AND id = ?", [(QUEUED, *params, i) for i in dict.fromkeys(job_ids)]
             )
-        return cur.rowcount
+            return self._db.total_changes - before
 
     async def result_rows(
         self,
