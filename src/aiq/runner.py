@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,7 +32,7 @@ from .errors import (
 from .forecast import Forecast, Forecaster
 from .inputs import BadLine
 from .limiter import Limiters
-from .lock import StoreLock
+from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
 from .outputs import Export, export_source
 from .pricing import price_for
@@ -180,13 +181,14 @@ async def run_batch(
     started = time.monotonic()
     if input_path is None:
         require_store(config.db)  # resume
-    with StoreLock(config.db, wait_s=lock_wait_s):
+    with StoreLock(config.db, wait_s=lock_wait_s) as lock:
         async with open_store(config) as store:
             added = None
             if input_path is not None:
                 _source, added = await _enqueue(store, config, input_path, out, dead)
             await store.recover_running(config.max_attempts)
             await store.undefer()
+            lock.note(sending_since=time.time())  # status's rate starts here, not at the read
             provider, transport = _make_provider(config)
             stats = await store.stats()
             progress = Progress(
@@ -370,9 +372,12 @@ async def export_outputs(
 
 
 async def store_status(config: Config) -> Stats:
-    """``aiq status``: read-only, so it works while a run holds the store."""
+    """``aiq status``: read-only, so it works while a run holds the store. Whether a run is
+    active comes from the lock (never taken here); its rate, from the time it has sent for."""
+    run = run_state(config.db)
+    since = (run.sending_since or run.started_at) if run.active else None
     async with open_store(config, readonly=True) as store:
-        return await store.stats()
+        return dataclasses.replace(await store.stats(since=since), run=run)
 
 
 async def replay_dead(
