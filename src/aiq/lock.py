@@ -15,12 +15,9 @@ from contextlib import suppress
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
 
 from .errors import StoreError, StoreLocked
 from .records import RunState
-
-T = TypeVar("T")
 
 
 class StoreLock:
@@ -101,11 +98,11 @@ def run_state(db_path: str | os.PathLike[str]) -> RunState:
         info = _read(fd)
         state = RunState(
             active=False,
-            pid=_typed(info.get("pid"), int),
-            host=_typed(info.get("host"), str),
-            started_at=_typed(info.get("started_at"), float),
-            sending_since=_typed(info.get("sending_since"), float),
-            ended_at=_typed(info.get("ended_at"), float),
+            pid=pid if isinstance(pid := info.get("pid"), int) else None,
+            host=host if isinstance(host := info.get("host"), str) else None,
+            started_at=_number(info.get("started_at")),
+            sending_since=_number(info.get("sending_since")),
+            ended_at=_number(info.get("ended_at")),
         )
         if state.ended_at is not None:
             return state
@@ -132,10 +129,8 @@ def _read(fd: int) -> dict[str, object]:
     return info if isinstance(info, dict) else {}
 
 
-def _typed(value: object, kind: type[T]) -> T | None:
-    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)  # type: ignore[return-value]
-    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _gone(pid: int) -> bool:
