@@ -115,6 +115,10 @@ def test_store_in_a_read_only_directory(tmp_path: Path, args: list[str]) -> None
 
 
 def test_existing_store_made_read_only_keeps_its_jobs(tmp_path: Path) -> None:
+    # A dead job, so that replay-dead has something to write.
+    write_prompts(tmp_path / "dead.jsonl", [("d", "FAIL_PERMANENT")])
+    ran = run_aiq("run", "dead.jsonl", "--provider", "simulated", "-q", cwd=tmp_path)
+    assert ran.returncode == 1, ran.stderr
     write_prompts(tmp_path / "in.jsonl", _prompts(5))
     assert run_aiq("add", "in.jsonl", "--model", "m", cwd=tmp_path).returncode == 0
     db = tmp_path / ".aiq" / "aiq.db"
@@ -128,7 +132,7 @@ def test_existing_store_made_read_only_keeps_its_jobs(tmp_path: Path) -> None:
         db.chmod(0o600)
     assert _digest(db) == before
     proc = run_aiq("resume", "--provider", "simulated", "-q", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # done, but for the dead one
     assert _counts(tmp_path, ".aiq/aiq.db")["done"] == 5
 
 

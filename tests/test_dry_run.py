@@ -93,6 +93,31 @@ def test_dry_run_sends_nothing_and_leaves_the_store_as_it_was(
     assert json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout) == json.loads(status_before)
 
 
+def test_dead_jobs_are_not_counted_as_to_send_until_replayed(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    write_prompts(tmp_path / "p.jsonl", [("ok", "fine"), ("bad", "FAIL_PERMANENT no")])
+    args = ("--base-url", server.base_url, "--model", "m")
+    assert run_aiq("run", "p.jsonl", *args, cwd=tmp_path).returncode == 1  # "bad" is dead
+    write_prompts(tmp_path / "p.jsonl", [("new", "another")], mode="a")
+
+    text = run_aiq("run", "p.jsonl", "--dry-run", *args, cwd=tmp_path)
+    f = json.loads(run_aiq("run", "p.jsonl", "--dry-run", "--json", *args, cwd=tmp_path).stdout)
+
+    assert text.returncode == 0, text.stderr
+    assert "1 done before, 1 dead (sent again only after `aiq replay-dead`)" in text.stdout
+    assert "→ 1 request to send" in text.stdout
+    assert (f["done_before"], f["dead_before"], f["requests"]) == (1, 1, 1)
+    sent = len(server.requests)
+    ran = run_aiq("run", "p.jsonl", *args, cwd=tmp_path)  # and so a run does
+    assert ran.returncode == 1, ran.stderr
+    assert len(server.requests) == sent + 1
+
+    assert run_aiq("replay-dead", cwd=tmp_path).returncode == 0
+    f = json.loads(run_aiq("run", "p.jsonl", "--dry-run", "--json", *args, cwd=tmp_path).stdout)
+    assert (f["done_before"], f["dead_before"], f["requests"]) == (2, 0, 1)  # queued: sent
+
+
 def test_a_file_without_a_valid_line_exits_2(tmp_path: Path) -> None:
     (tmp_path / "p.jsonl").write_text("nope\n[1]\n")
 

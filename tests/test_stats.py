@@ -1,4 +1,5 @@
-"""JobStore.stats, one scan grouped three ways, against a plain query for each figure."""
+"""JobStore.stats, one scan grouped three ways, against a plain query for each figure; and the
+requests in flight against what the test sent."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ MODELS = ["a", "b", None]
 ERRORS = ["server", "timeout", "rate_limit", "invalid_request", "auth", "bad_response"]
 
 
-async def _plain(store: JobStore, now: float) -> dict[str, Any]:
-    """Each figure by its own query, the obvious way."""
+async def _plain(store: JobStore, now: float, since: float | None) -> dict[str, Any]:
+    """Each figure by its own query, the obvious way. The rate is of the last minute, or of
+    the time since the run began sending when that is shorter (but at least a second)."""
+    window = 60.0 if since is None else max(1.0, min(60.0, now - since))
 
     async def rows(sql: str, *params: Any) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in await store._db.execute_fetchall(sql, params)]
@@ -32,7 +35,7 @@ async def _plain(store: JobStore, now: float) -> dict[str, Any]:
     ((recent, tin, tout),) = await rows(
         "SELECT count(CASE WHEN finished_at > ? AND state = ? THEN 1 END), "
         "coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0) FROM jobs",
-        now - 60.0,
+        now - window,
         DONE,
     )
     ((oldest,),) = await rows("SELECT min(created_at) FROM jobs WHERE state = ?", QUEUED)
@@ -50,6 +53,7 @@ async def _plain(store: JobStore, now: float) -> dict[str, Any]:
     return {
         "counts": counts,
         "recent": recent,
+        "window": window,
         "tokens": (tin, tout),
         "oldest": None if oldest is None else round(max(0.0, now - oldest), 1),
         "errors": errors,
@@ -60,7 +64,9 @@ async def _plain(store: JobStore, now: float) -> dict[str, Any]:
 def _figures(s: Stats) -> dict[str, Any]:
     return {
         "counts": s.counts,
-        "recent": s.done_last_minute,
+        "recent": s.done_recent,
+        "window": s.rate_window_s,
+        "in_flight": s.in_flight,
         "tokens": (s.tokens_in, s.tokens_out),
         "oldest": s.oldest_queued_s,
         "errors": s.top_errors,
@@ -71,9 +77,13 @@ def _figures(s: Stats) -> dict[str, Any]:
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 60))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(0, 60),
+    since=st.none() | st.floats(NOW - 120, NOW + 1),  # a clock a little off too
+)
 def test_stats_agree_with_a_plain_query_for_each_figure(
-    tmp_path_factory: Any, seed: int, n: int
+    tmp_path_factory: Any, seed: int, n: int, since: float | None
 ) -> None:
     rng = random.Random(seed)
     tmp = tmp_path_factory.mktemp("stats")
@@ -107,15 +117,26 @@ def test_stats_agree_with_a_plain_query_for_each_figure(
             source = await store.add_source(str(path), out_path="o", dead_path="d")
             await store.enqueue(source, read_requests(path, Defaults(model="m")))
             jobs = await store.claim(n, now=NOW)
+            sent = {j.id for j in jobs if rng.random() < 0.5}  # requests gone out
+            await store.record([], sent=sorted(sent))
             outcomes = [o for j in jobs if (o := outcome(j.id)) is not None]
             await store.record(outcomes)
-            back = [j for j in jobs if rng.random() < 0.3]  # some running ones released
-            await store.release([j for j in back if j.id not in {o.job_id for o in outcomes}])
-            return _figures(await store.stats(now=NOW)), await _plain(store, NOW)
+            recorded = {o.job_id for o in outcomes}
+            back = [j for j in jobs if rng.random() < 0.3 and j.id not in recorded]
+            await store.release(back)  # some running ones released
+            # Claimed again (released ones, retries due): not in flight until sent again.
+            again = await store.claim(rng.randint(0, n), now=NOW)
+            resent = {j.id for j in again if rng.random() < 0.5}
+            await store.record([], sent=sorted(resent))
+            flying = len(sent - recorded - {j.id for j in back}) + len(resent)
+            got = _figures(await store.stats(now=NOW, since=since))
+            return got, {**await _plain(store, NOW, since), "in_flight": flying}
 
     got, want = asyncio.run(scenario())
     assert got["counts"] == want["counts"]
     assert got["recent"] == want["recent"]
+    assert got["window"] == want["window"]
+    assert got["in_flight"] == want["in_flight"] <= got["counts"]["running"]
     assert got["tokens"] == want["tokens"]
     assert got["oldest"] == want["oldest"]
     assert got["errors"] == want["errors"]

@@ -26,7 +26,7 @@ from .outputs import Export, export_source
 from .preflight import CheckReport, Finding, run_checks
 from .pricing import DEFAULT_PRICES, PRICES_AS_OF, Price
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
-from .records import EnqueueCounts, ModelUsage, Stats, Target
+from .records import EnqueueCounts, ModelUsage, Replayed, Stats, Target
 from .requestfile import read_requests
 from .runner import (
     RunSummary,
@@ -69,6 +69,7 @@ __all__ = [
     "Progress",
     "ProviderError",
     "RateLimiter",
+    "Replayed",
     "Reply",
     "Request",
     "RetryPolicy",

@@ -435,10 +435,10 @@ def replay_dead(
     """Move dead jobs back to the queue with attempts reset (then `aiq resume`)."""
 
     def body() -> None:
-        n = asyncio.run(
+        replayed = asyncio.run(
             runner.replay_dead(_config(db, config), error_type=error, custom_ids=tuple(ids or ()))
         )
-        print(f"replayed {report.plural(n, 'dead job')}; run `aiq resume` to send them")
+        print("\n".join(report.replay_lines(replayed)))
 
     _guard(traceback, body)
 

@@ -63,6 +63,7 @@ class Forecast:
     valid: int = 0  # valid lines
     duplicates: int = 0  # valid lines whose request an earlier line already makes
     done_before: int = 0  # requests the store has done already: not sent again
+    dead_before: int = 0  # requests dead in the store: not sent before `aiq replay-dead`
     store_note: str | None = None  # why the store was not consulted, if it was not
     invalid: int = 0  # invalid lines
     bad_lines: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD_LINES
@@ -124,6 +125,7 @@ class Forecast:
             "invalid": self.invalid,
             "duplicates": self.duplicates,
             "done_before": self.done_before,
+            "dead_before": self.dead_before,
             "store_note": self.store_note,
             "requests": self.requests,
             "tokens": self.tokens,

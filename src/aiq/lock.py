@@ -12,10 +12,12 @@ import os
 import socket
 import time
 from contextlib import suppress
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from .errors import StoreError, StoreLocked
+from .records import RunState
 
 STORE_DIR = ".aiq"  # the default store's directory, the only one aiq makes itself
 
@@ -47,6 +49,7 @@ class StoreLock:
         self.path = Path(f"{db_path}.lock")
         self.wait_s = wait_s
         self._fd: int | None = None
+        self._info: dict[str, object] = {}
 
     def __enter__(self) -> StoreLock:
         fd = self._open()
@@ -64,13 +67,26 @@ class StoreLock:
                         "wait for it to finish, or pass --wait SECONDS"
                     ) from None
                 time.sleep(0.2)
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
-        # Only for the message another run shows: a full disk must not stop this one here.
-        with suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(info).encode(), 0)
         self._fd = fd
+        self._info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+        with suppress(OSError):  # first: what the last run wrote must not speak for this one
+            os.ftruncate(fd, 0)
+        self._write()
         return self
+
+    def note(self, **info: float) -> None:
+        """Add to what the lock file says of this run (``sending_since``, for status)."""
+        self._info.update(info)
+        self._write()
+
+    def _write(self) -> None:
+        # Only for the messages of another run and of status: a full disk must not stop
+        # this run here.
+        if self._fd is not None:
+            data = json.dumps(self._info).encode()
+            with suppress(OSError):
+                os.pwrite(self._fd, data, 0)
+                os.ftruncate(self._fd, len(data))
 
     def _open(self) -> int:
         make_store_dir(self.path)
@@ -84,10 +100,70 @@ class StoreLock:
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
-            with suppress(OSError):
-                os.ftruncate(self._fd, 0)
+            self.note(ended_at=time.time())  # so status tells a run that ended from one that died
             os.close(self._fd)  # closing releases the flock
             self._fd = None
+
+
+def run_state(db_path: str | os.PathLike[str]) -> RunState:
+    """Whether a run holds the store at ``db_path`` now, and what its lock file says.
+
+    Never takes the lock from a run, and never creates the lock file. The file says whether
+    the last run ended; if it did not, the lock itself says whether it is still running: a
+    run that died (kill -9) released it with its last breath, and left its word behind.
+    """
+    try:
+        fd = os.open(Path(f"{db_path}.lock"), os.O_RDONLY)
+    except OSError:  # no run yet (or a lock file aiq may not read): nothing holds it
+        return RunState(active=False)
+    try:
+        info = _read(fd)
+        state = RunState(
+            active=False,
+            pid=pid if isinstance(pid := info.get("pid"), int) else None,
+            host=host if isinstance(host := info.get("host"), str) else None,
+            started_at=_number(info.get("started_at")),
+            sending_since=_number(info.get("sending_since")),
+            ended_at=_number(info.get("ended_at")),
+        )
+        if state.ended_at is not None:
+            return state
+        if state.host == socket.gethostname() and state.pid is not None and _gone(state.pid):
+            return state  # died, and no need to touch the lock at all
+        try:
+            # A shared lock, given back at once: it fails while a run holds the exclusive
+            # one. (A run starting in that microsecond would find the store held, and say so.)
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return replace(state, active=True)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return state
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int) -> dict[str, object]:
+    """The lock file's JSON ({} when empty, or caught mid-write)."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _gone(pid: int) -> bool:
+    """Whether no process has this id on this host (another user's still counts as one)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _holder(fd: int) -> str:

@@ -109,4 +109,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE jobs ADD COLUMN deferred INTEGER NOT NULL DEFAULT 0;
         """,
     ),
+    (
+        # When the request of a running job last went out (JobStore.claim's ``sent``); NULL
+        # while it is only claimed, waiting for a sender or its rate limit. So `status` tells
+        # requests in flight from jobs claimed ahead. Marked in the write that already counts
+        # the attempt, cleared by the claim: no extra statement on the worker's path.
+        "0004_sent_at",
+        """
+        ALTER TABLE jobs ADD COLUMN sent_at REAL;
+        """,
+    ),
 ]

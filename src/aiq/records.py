@@ -134,6 +134,16 @@ class EnqueueCounts:
         return SKIPPED_LINES if self.invalid else 0
 
 
+@dataclass(slots=True)
+class Replayed:
+    """What ``replay-dead`` did: how many dead jobs it queued again, the error types the dead
+    jobs had before, and why each custom_id asked for that was not replayed was not."""
+
+    replayed: int = 0
+    dead_types: dict[str, int] = field(default_factory=dict)  # error type → dead jobs
+    not_replayed: dict[str, str] = field(default_factory=dict)  # custom_id → "done", …
+
+
 @dataclass(frozen=True, slots=True)
 class ModelUsage:
     """Done jobs of one model (None: bodies naming none), their tokens and what they cost."""
@@ -156,13 +166,47 @@ class ModelUsage:
         }
 
 
+RATE_WINDOW_S = 60.0  # status's rate: of the jobs done over the last minute at most
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """Whether a run holds the store, and what its lock file says of it (lock.run_state).
+
+    Not active with ``started_at`` and no ``ended_at``: the last run died (kill -9, a crash)
+    and left its running jobs behind; the next run or resume puts them back in the queue.
+    """
+
+    active: bool
+    pid: int | None = None
+    host: str | None = None
+    started_at: float | None = None  # when it took the lock
+    sending_since: float | None = None  # when it began sending (its input read and enqueued)
+    ended_at: float | None = None
+
+    @property
+    def died(self) -> bool:
+        return not self.active and self.started_at is not None and self.ended_at is None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "active": self.active,
+            "died": self.died,
+            "pid": self.pid,
+            "host": self.host,
+            "started_at": self.started_at,
+            "sending_since": self.sending_since,
+            "ended_at": self.ended_at,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Stats:
     """Where the store stands, for ``status`` and the final summary."""
 
     total: int
     counts: dict[str, int]
-    done_last_minute: int
+    done_recent: int  # done in the last ``rate_window_s`` seconds
     tokens_in: int
     tokens_out: int
     oldest_queued_s: float | None
@@ -170,6 +214,9 @@ class Stats:
     models: list[ModelUsage] = field(default_factory=list)
     # Queued jobs not due yet: retries backing off, jobs waiting for their model's rate limit.
     not_due: int = 0
+    rate_window_s: float = RATE_WINDOW_S
+    in_flight: int = 0  # running jobs whose request has gone out; the rest are only claimed
+    run: RunState | None = None  # None: not looked at (inside a run, which is the one)
 
     @property
     def cost_usd(self) -> float | None:
@@ -183,6 +230,22 @@ class Stats:
         return sum(m.unpriced for m in self.models)
 
     @property
+    def active(self) -> bool:
+        """Whether a run is working the store (assumed, when ``run`` was not looked at)."""
+        return self.run is None or self.run.active
+
+    @property
+    def claimed(self) -> int:
+        """Running jobs claimed by a live run and not sent yet (waiting for a sender or a
+        rate limit); of a run that died, none: all its running jobs are abandoned."""
+        return self.counts["running"] - self.in_flight if self.active else 0
+
+    @property
+    def abandoned(self) -> int:
+        """Running jobs of a run that died: back to the queue on the next run or resume."""
+        return 0 if self.active else self.counts["running"]
+
+    @property
     def remaining(self) -> int:
         return self.counts["queued"] + self.counts["running"]
 
@@ -193,10 +256,12 @@ class Stats:
 
     @property
     def rate_per_s(self) -> float:
-        return self.done_last_minute / 60.0
+        """Jobs done per second over the last ``rate_window_s``; 0 with no run active."""
+        return self.done_recent / self.rate_window_s if self.active else 0.0
 
     @property
     def eta_s(self) -> float | None:
+        """None when unknown: no run is active, or it has done nothing lately."""
         if not self.remaining:
             return 0.0
         return self.remaining / self.rate_per_s if self.rate_per_s else None
@@ -206,8 +271,14 @@ class Stats:
             "total": self.total,
             "counts": self.counts,
             "percent_done": round(self.percent_done, 2),
+            "active": self.active,
+            "in_flight": self.in_flight if self.active else 0,
+            "claimed": self.claimed,
+            "abandoned": self.abandoned,
             "rate_per_s": round(self.rate_per_s, 3),
+            "rate_window_s": round(self.rate_window_s, 1),
             "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
+            "run": None if self.run is None else self.run.as_dict(),
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "oldest_queued_s": self.oldest_queued_s,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .forecast import Forecast
 from .outputs import Export
 from .pricing import PRICES_AS_OF
 from .progress import fmt_duration
-from .records import EnqueueCounts, Stats
+from .records import EnqueueCounts, Replayed, Stats
 from .worker import Progress
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ def forecast_lines(f: Forecast) -> list[str]:
         skipped.append(f"{f.duplicates:,} repeating an earlier line's request")
     if f.done_before:
         skipped.append(f"{f.done_before:,} done before")
+    if f.dead_before:
+        skipped.append(f"{f.dead_before:,} dead (sent again only after `aiq replay-dead`)")
     lines.append(f"{f.path}: {', '.join(skipped)} → {plural(f.requests, 'request')} to send")
     if f.store_note:
         lines.append(f.store_note)
@@ -208,18 +212,75 @@ def export_lines(e: Export) -> list[str]:
     ]
 
 
-def status_lines(s: Stats) -> list[str]:
-    """``aiq status``: counts, progress, rate and ETA, tokens and cost, top errors."""
+def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
+    """``aiq status``: counts, whether a run is active (its rate and ETA), tokens and cost,
+    top errors."""
     c = s.counts
-    oldest = fmt_duration(s.oldest_queued_s) if s.oldest_queued_s else "-"
+    running = f"running {c['running']:,}"
+    if c["running"] and s.active:
+        running += f" ({s.in_flight:,} in flight, {s.claimed:,} claimed, not sent yet)"
+    elif c["running"]:
+        running += " (abandoned)"
     lines = [
         f"total {s.total:,} · {s.percent_done:.1f}% finished",
         f"queued {c['queued']:,}{f' ({s.not_due:,} not due yet)' if s.not_due else ''} · "
-        f"running {c['running']:,} · done {c['done']:,} · dead {c['dead']:,}",
-        f"rate {s.rate_per_s:.2f}/s over the last minute · eta {fmt_duration(s.eta_s)}"
-        f" · oldest queued {oldest}",
+        f"{running} · done {c['done']:,} · dead {c['dead']:,}",
+        *_run_lines(s, time.time() if now is None else now),
         *cost_lines(s),
     ]
     if s.top_errors:
         lines.append("errors: " + ", ".join(f"{t} {n}" for t, n in s.top_errors))
+    return lines
+
+
+def _run_lines(s: Stats, now: float) -> list[str]:
+    """Whether a run is active: its rate and ETA, or how the last one ended."""
+    oldest = f"oldest queued {fmt_duration(s.oldest_queued_s) if s.oldest_queued_s else '-'}"
+    run = s.run
+    if s.active:
+        who = "run active"
+        if run is not None and run.pid is not None:
+            who += f" (pid {run.pid} on {run.host}, since {_when(run.started_at, now)})"
+        window = fmt_duration(s.rate_window_s)
+        rate = f"rate {s.rate_per_s:.2f}/s over the last {window} · eta {fmt_duration(s.eta_s)}"
+        return [f"{who} · {rate} · {oldest}"]
+    if run is not None and run.died:
+        lines = [
+            f"no run is active: the last one (pid {run.pid} on {run.host}, started "
+            f"{_when(run.started_at, now)}) died · {oldest}"
+        ]
+        if s.counts["running"]:
+            lines.append(
+                f"its {plural(s.counts['running'], 'running job')} go back to the queue on "
+                "`aiq resume` (or the next `aiq run`)"
+            )
+        return lines
+    ended = f" (the last one ended {_when(run.ended_at, now)})" if run and run.ended_at else ""
+    return [f"no run is active{ended} · {oldest}"]
+
+
+def _when(t: float | None, now: float) -> str:
+    """``14:03:07, 2m05s ago`` (with the date when not today); ``?`` when unknown."""
+    if t is None:
+        return "?"
+    at = datetime.fromtimestamp(t)
+    stamp = at.strftime("%H:%M:%S" if at.date() == datetime.fromtimestamp(now).date() else
+                        "%Y-%m-%d %H:%M:%S")  # fmt: skip
+    return f"{stamp}, {fmt_duration(max(0.0, now - t))} ago"
+
+
+def replay_lines(r: Replayed) -> list[str]:
+    """What ``replay-dead`` did, and what to do next only when there is something to do."""
+    if r.replayed:
+        lines = [f"replayed {plural(r.replayed, 'dead job')}; run `aiq resume` to send them"]
+    elif not r.dead_types:
+        lines = ["nothing to replay: the store has no dead jobs"]
+    elif r.not_replayed:
+        lines = ["nothing to replay: none of those custom_ids has a dead job"]
+    else:
+        lines = ["nothing to replay: no dead job matches"]
+    if r.not_replayed:
+        shown = [f"{c} ({why})" for c, why in list(r.not_replayed.items())[:10]]
+        more = len(r.not_replayed) - len(shown)
+        lines.append("not replayed: " + ", ".join(shown) + (f" and {more:,} more" if more else ""))
     return lines

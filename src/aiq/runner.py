@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -33,7 +34,7 @@ from .errors import (
 from .forecast import Forecast, Forecaster
 from .inputs import BadLine
 from .limiter import Limiters
-from .lock import StoreLock
+from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
 from .outputs import Export, export_source
 from .pricing import price_for
@@ -41,7 +42,8 @@ from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
 from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
-from .records import EnqueueCounts, Source, Stats
+from .records import DEAD, EnqueueCounts, Replayed, Source, Stats
+from .replay import replay
 from .report import plural
 from .requestfile import read_requests
 from .store import JobStore, require_store
@@ -217,7 +219,7 @@ async def run_batch(
     else:
         read_requests(input_path, config.defaults).check()  # before any store is made
     metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
-    with _no_store_left_on_bad_input(config.db), StoreLock(config.db, wait_s=lock_wait_s):
+    with _no_store_left_on_bad_input(config.db), StoreLock(config.db, wait_s=lock_wait_s) as lock:
         async with open_store(config) as store:
             config = await routing.aim(store, config)
             added = None
@@ -228,6 +230,7 @@ async def run_batch(
             await routing.record(store, config)
             await store.recover_running(config.max_attempts)
             await store.undefer()
+            lock.note(sending_since=time.time())  # status's rate starts here, not at the read
             provider, transport = _make_provider(config)
             stats = await store.stats()
             progress = Progress(
@@ -412,25 +415,31 @@ async def export_outputs(
 
 
 async def store_status(config: Config) -> Stats:
-    """``aiq status``: read-only, so it works while a run holds the store."""
+    """``aiq status``: read-only, so it works while a run holds the store. Whether a run is
+    active comes from the lock (never taken here); its rate, from the time it has sent for."""
+    run = run_state(config.db)
+    since = (run.sending_since or run.started_at) if run.active else None
     async with open_store(config, readonly=True) as store:
-        return await store.stats()
+        return dataclasses.replace(await store.stats(since=since), run=run)
 
 
 async def replay_dead(
     config: Config, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
-) -> int:
-    """``aiq replay-dead``: dead jobs back to queued, attempts reset; returns how many."""
+) -> Replayed:
+    """``aiq replay-dead``: dead jobs (all, of one error type, of these custom_ids) back to
+    queued, attempts reset; UsageError, and nothing replayed, for a filter that names what
+    the store does not have (see replay.replay)."""
     require_store(config.db)
     async with open_store(config) as store:
-        return await store.replay_dead(error_type=error_type, custom_ids=custom_ids)
+        return await replay(store, error_type=error_type, custom_ids=custom_ids)
 
 
 async def forecast_file(config: Config, path: Path) -> Forecast:
     """``aiq run FILE --dry-run``: validate and count FILE, send nothing, change nothing.
 
-    Requests the store has already done are not counted (a run would not send them); the
-    store is opened read-only, and only if it exists.
+    Requests the store has already done, or dead-lettered, are not counted (a run sends
+    neither: dead jobs wait for ``replay-dead``); the store is opened read-only, and only if
+    it exists.
     """
     forecast = Forecast(str(path), config.rpm, config.tpm, config.model_limits)
     default_output = 0
@@ -447,9 +456,11 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
         for batch in read_requests(path, config.defaults).batches(10_000):
             fresh = counter.add(batch)
             if store is not None and fresh:
-                done = await store.done_among([k for k, _ in fresh])
-                forecast.done_before += len(done)
-                fresh = [(k, r) for k, r in fresh if k not in done]
+                finished = await store.finished_among([k for k, _ in fresh])
+                dead = sum(state == DEAD for state in finished.values())
+                forecast.done_before += len(finished) - dead
+                forecast.dead_before += dead
+                fresh = [(k, r) for k, r in fresh if k not in finished]
             counter.count(r for _, r in fresh)
     if forecast.invalid and (config.strict or not forecast.valid):  # run would refuse it
         first = "\n".join(f"  {b}" for b in forecast.bad_lines[:5])

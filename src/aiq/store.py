@@ -20,13 +20,14 @@ import orjson
 
 from . import bulk
 from .errors import StoreError
-from .inputs import KEEP_BAD_LINES, BadLine, Request
+from .inputs import KEEP_BAD_LINES, BadLine, Request, custom_id_hash
 from .lock import make_store_dir
 from .migrations import MIGRATIONS
 from .records import (
     DEAD,
     DONE,
     QUEUED,
+    RATE_WINDOW_S,
     RUNNING,
     STATE_NAMES,
     EnqueueCounts,
@@ -487,7 +488,8 @@ class JobStore:
 
         ``sent``: ids of claimed jobs whose request has gone out since the last call. Each
         counts an attempt now, before its outcome, so a process that dies with it in flight
-        has spent one (see ``recover_running``); the outcome then writes the final count.
+        has spent one (see ``recover_running``); the outcome then writes the final count. It
+        is also marked in flight (``sent_at``, which a claim clears), for ``stats``.
 
         ``record``: outcomes to write first, in the same transaction. The worker's every cycle
         is then one commit and four trips to the SQLite thread, not two commits and six.
@@ -507,7 +509,8 @@ class JobStore:
             # never tried, in input order: ordered by next_at alone, a deferred job would
             # wait behind every untried one, and its model's limit would go unused meanwhile.
             rows = await self._db.execute_fetchall(
-                "UPDATE jobs SET state = ?, lease_until = ?, deferred = 0 WHERE id IN ("
+                "UPDATE jobs SET state = ?, lease_until = ?, deferred = 0, sent_at = NULL "
+                "WHERE id IN ("
                 "  SELECT id FROM (SELECT id FROM jobs WHERE state = ? AND next_at > 0"
                 "    AND next_at <= ? ORDER BY next_at, id LIMIT ?)"
                 "  UNION ALL"
@@ -559,9 +562,10 @@ class JobStore:
 
     async def _write_sent(self, sent: Sequence[int]) -> None:
         if sent:
+            now = time.time()
             await self._db.executemany(
-                "UPDATE jobs SET attempts = attempts + 1 WHERE id = ? AND state = ?",
-                [(i, RUNNING) for i in sent],
+                "UPDATE jobs SET attempts = attempts + 1, sent_at = ? WHERE id = ? AND state = ?",
+                [(now, i, RUNNING) for i in sent],
             )
 
     async def _write_deferred(self, deferred: Sequence[tuple[float, int]]) -> None:
@@ -604,28 +608,37 @@ class JobStore:
 
     # -- reading -------------------------------------------------------------------------
 
-    async def stats(self, *, now: float | None = None) -> Stats:
-        """Counts by state, recent rate, tokens, oldest waiting age and top errors."""
+    async def stats(self, *, now: float | None = None, since: float | None = None) -> Stats:
+        """Counts by state, the recent rate, tokens, oldest waiting age and top errors.
+
+        The rate is of jobs done over the last minute, or since ``since`` (when the run began
+        sending) if that is later: a run six seconds old has had six seconds to do its jobs.
+        """
         now = time.time() if now is None else now
+        window_s = RATE_WINDOW_S if since is None else min(RATE_WINDOW_S, now - since)
+        window_s = max(1.0, window_s)  # a run a moment old: no rate from a handful of jobs
         # One scan of the table for all of it: replies make the rows large, and one scan
         # grouped three ways took 0.5 s at 600,000 jobs where a scan for each took 0.75.
         rows = await self._db.execute_fetchall(
             "SELECT state, model, error_type, count(*), coalesce(sum(tokens_in), 0), "
             "coalesce(sum(tokens_out), 0), sum(cost_usd), count(cost_usd), "
-            "count(CASE WHEN finished_at > ? THEN 1 END), min(created_at) "
+            "count(CASE WHEN finished_at > ? THEN 1 END), min(created_at), count(sent_at) "
             "FROM jobs NOT INDEXED GROUP BY state, model, error_type",
-            (now - 60.0,),
+            (now - window_s,),
         )
         ((not_due,),) = await self._db.execute_fetchall(  # a range of the (state, next_at) index
             "SELECT count(*) FROM jobs WHERE state = ? AND next_at > ?", (QUEUED, now)
         )
         counts = dict.fromkeys(STATE_NAMES, 0)
-        tokens_in = tokens_out = recent = 0
+        tokens_in = tokens_out = recent = in_flight = 0
         oldest: float | None = None
         errors: dict[str, int] = {}
         models: dict[str | None, list[Any]] = {}  # ModelUsage's fields after the model
-        for state, model, error_type, n, t_in, t_out, cost, priced, n_recent, created in rows:
+        for row in rows:
+            state, model, error_type, n, t_in, t_out, cost, priced, n_recent, created, sent = row
             counts[STATE_NAMES[state]] += n
+            if state == RUNNING:
+                in_flight += sent
             tokens_in += t_in
             tokens_out += t_out
             if state == DONE:
@@ -644,7 +657,9 @@ class JobStore:
         return Stats(
             total=sum(counts.values()),
             counts=counts,
-            done_last_minute=recent,
+            done_recent=recent,
+            rate_window_s=window_s,
+            in_flight=in_flight,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             oldest_queued_s=None if oldest is None else round(max(0.0, now - oldest), 1),
@@ -664,38 +679,71 @@ class JobStore:
         )
         return {r[0] for r in rows}
 
-    async def done_among(self, k64s: Sequence[int]) -> set[int]:
-        """Which of these jobs (by ``k64``) the store has done already."""
-        done: set[int] = set()
+    async def finished_among(self, k64s: Sequence[int]) -> dict[int, int]:
+        """Which of these jobs (by ``k64``) the store has finished: their state, DONE or DEAD.
+        A run sends neither: dead jobs wait for ``replay_dead``."""
+        finished: dict[int, int] = {}
         for i in range(0, len(k64s), 900):  # under SQLite's 999 parameters of old versions
             chunk = k64s[i : i + 900]
             rows = await self._db.execute_fetchall(
-                f"SELECT k64 FROM jobs WHERE state = ? AND k64 IN ({', '.join('?' * len(chunk))})",
-                (DONE, *chunk),
+                f"SELECT k64, state FROM jobs WHERE state IN (?, ?) "
+                f"AND k64 IN ({', '.join('?' * len(chunk))})",
+                (DONE, DEAD, *chunk),
             )
-            done.update(r[0] for r in rows)
-        return done
+            finished.update((k, state) for k, state in rows)
+        return finished
+
+    async def dead_error_types(self) -> dict[str, int]:
+        """Dead jobs by the type of their last error, most first (``?``: a job without one)."""
+        rows = await self._db.execute_fetchall(  # a range of the (state, next_at) index
+            "SELECT coalesce(error_type, '?') AS t, count(*) AS n FROM jobs WHERE state = ? "
+            "GROUP BY t ORDER BY n DESC, t",
+            (DEAD,),
+        )
+        return {t: n for t, n in rows}
+
+    async def jobs_of(self, custom_ids: Sequence[str]) -> dict[str, list[tuple[int, int, str]]]:
+        """The jobs (id, state, last error type or ``?``) of the items with these custom_ids,
+        in every input file; an id no item has is left out."""
+        wanted = {custom_id_hash(c): c for c in custom_ids}
+        found: dict[str, list[tuple[int, int, str]]] = {}
+        hashes = list(wanted)
+        for source in await self.sources():
+            for i in range(0, len(hashes), 900):  # through the (source_id, ck) index
+                chunk = hashes[i : i + 900]
+                rows = await self._db.execute_fetchall(
+                    "SELECT i.custom_id, j.id, j.state, coalesce(j.error_type, '?') FROM items i "
+                    "JOIN jobs j ON j.k64 = i.job_k64 "
+                    f"WHERE i.source_id = ? AND i.ck IN ({', '.join('?' * len(chunk))})",
+                    (source.id, *chunk),
+                )
+                for custom_id, job_id, state, error_type in rows:
+                    if wanted.get(custom_id_hash(custom_id)) == custom_id:
+                        found.setdefault(custom_id, []).append((job_id, state, error_type))
+        return found
 
     async def replay_dead(
-        self, *, error_type: str | None = None, custom_ids: Sequence[str] = ()
+        self, *, error_type: str | None = None, job_ids: Sequence[int] | None = None
     ) -> int:
-        """Move dead jobs (all, or of one error type, or of these custom_ids) back to queued."""
-        where: list[str] = ["state = ?"]
-        params: list[object] = [DEAD]
-        if error_type:
-            where.append("error_type = ?")
+        """Move dead jobs (all, or of one error type, or among ``job_ids``) back to queued,
+        attempts reset; returns how many."""
+        where, params = "state = ?", list[object]([DEAD])
+        if error_type is not None:
+            where += " AND coalesce(error_type, '?') = ?"
             params.append(error_type)
-        if custom_ids:
-            marks = ", ".join("?" * len(custom_ids))
-            where.append(f"k64 IN (SELECT job_k64 FROM items WHERE custom_id IN ({marks}))")
-            params.extend(custom_ids)
+        sql = (
+            "UPDATE jobs SET state = ?, attempts = 0, next_at = 0, finished_at = NULL "
+            f"WHERE {where}"
+        )
         async with self.transaction():
-            cur = await self._db.execute(
-                "UPDATE jobs SET state = ?, attempts = 0, next_at = 0, finished_at = NULL "
-                f"WHERE {' AND '.join(where)}",
-                (QUEUED, *params),
+            if job_ids is None:
+                cur = await self._db.execute(sql, (QUEUED, *params))
+                return cur.rowcount
+            before = self._db.total_changes
+            await self._db.executemany(
+                sql + " AND id = ?", [(QUEUED, *params, i) for i in dict.fromkeys(job_ids)]
             )
-        return cur.rowcount
+            return self._db.total_changes - before
 
     async def result_rows(
         self,

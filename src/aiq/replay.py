@@ -1,0 +1,70 @@
+"""``replay-dead``: dead jobs back to the queue, and a refusal for filters that match nothing
+the store has (a typo must not pass for "nothing to replay")."""
+
+from __future__ import annotations
+
+import difflib
+
+from .errors import UsageError
+from .records import DEAD, STATE_NAMES, Replayed
+from .report import plural
+from .store import JobStore
+
+
+async def replay(
+    store: JobStore, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
+) -> Replayed:
+    """Queue again the dead jobs of ``error_type`` and of ``custom_ids`` (all, without them),
+    attempts reset.
+
+    UsageError, and nothing replayed, for a custom_id no input line has, or an error type no
+    dead job has (the message lists those they have). A store with no dead job has nothing to
+    replay whatever the filters: not an error, so a cron line can replay every night.
+    """
+    result = Replayed(dead_types=await store.dead_error_types())
+    found = await store.jobs_of(custom_ids) if custom_ids else {}
+    unknown = [c for c in dict.fromkeys(custom_ids) if c not in found]
+    if unknown:
+        raise UsageError(
+            f"{_listing('unknown custom_id', unknown)}: not in any input file of this store; "
+            "nothing was replayed (check the ids, or pass --db for another store)"
+        )
+    result.not_replayed = {  # in the order asked
+        c: why for c in dict.fromkeys(custom_ids) if (why := _why_not(found[c], error_type))
+    }
+    if not result.dead_types:
+        return result
+    if error_type is not None and error_type not in result.dead_types:
+        raise UsageError(_unknown_type(error_type, result.dead_types))
+    job_ids = None
+    if custom_ids:
+        job_ids = [j for jobs in found.values() for j, state, _ in jobs if state == DEAD]
+    result.replayed = await store.replay_dead(error_type=error_type, job_ids=job_ids)
+    return result
+
+
+def _why_not(jobs: list[tuple[int, int, str]], error_type: str | None) -> str:
+    """Why none of a custom_id's jobs is replayed ("" when one is): its states, or the other
+    error its dead ones have."""
+    if any(s == DEAD and error_type in (None, t) for _, s, t in jobs):
+        return ""
+    return ", ".join(
+        dict.fromkeys(f"dead with error {t}" if s == DEAD else STATE_NAMES[s] for _, s, t in jobs)
+    )
+
+
+def _listing(noun: str, names: list[str], most: int = 10) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    more = f" and {len(names) - most:,} more" if len(names) > most else ""
+    return f"{plural(len(names), noun)} {shown}{more}"
+
+
+def _unknown_type(error_type: str, dead_types: dict[str, int]) -> str:
+    close = [t for t in dead_types if t.startswith(error_type)]
+    close += difflib.get_close_matches(error_type, [t for t in dead_types if t not in close], 1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    have = ", ".join(f"{t} {n:,}" for t, n in dead_types.items())
+    return (
+        f"no dead job has the error type {error_type!r}{hint}; nothing was replayed. The dead "
+        f"jobs' error types: {have}. Pass one of them to --error, or no --error for every one"
+    )
