@@ -11,9 +11,11 @@ import orjson
 from .base import (
     ProviderError,
     Reply,
+    body_start,
     error_from,
     exchange,
     reply_headers,
+    secret_of,
     token_count,
 )
 
@@ -60,7 +62,7 @@ class OpenAIProvider:
         }
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        self._secret = api_key.encode() if api_key else None
+        self._secret = secret_of(api_key)  # cut out of error messages, never out of replies
         # One normalised Headers, copied by each Request: cheaper than a dict re-encoded each time.
         self._headers = httpx.Headers(headers)
         self._extensions: dict[str, Any] = {
@@ -99,11 +101,9 @@ class OpenAIProvider:
         request = httpx.Request(
             "POST", url, headers=self._headers, content=body, extensions=self._extensions
         )
-        resp, content = await exchange(
-            self._transport, request, secret=self._secret, base=self._base
-        )
+        resp, content = await exchange(self._transport, request, base=self._base)
         if resp.status_code != 200:
-            raise error_from(resp, content, key_env=self._key_env)
+            raise error_from(resp, content, key_env=self._key_env, secret=self._secret)
         return self._reply(endpoint, resp, content)
 
     def _reply(self, endpoint: str, resp: httpx.Response, content: bytes) -> Reply:
@@ -115,7 +115,8 @@ class OpenAIProvider:
         if not isinstance(data, dict) or expected not in data:
             raise ProviderError(
                 "bad_response",
-                f"HTTP 200 without a well-formed reply (no {expected!r}): {content[:200]!r}",
+                f"HTTP 200 without a well-formed reply (no {expected!r}): "
+                f"{body_start(content, self._secret, 200)!r}",
                 status_code=200,
                 retryable=True,
             )
