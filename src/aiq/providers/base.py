@@ -71,6 +71,7 @@ class ProviderError(Exception):
         fatal: bool = False,
         retry_after_s: float | None = None,
         limits: RateLimitInfo | None = None,
+        unreachable: bool = False,
     ) -> None:
         super().__init__(message)
         self.error_type = error_type
@@ -80,6 +81,8 @@ class ProviderError(Exception):
         self.fatal = fatal
         self.retry_after_s = retry_after_s
         self.limits = limits
+        # The request never reached a server: refused, unknown host, connect timeout.
+        self.unreachable = unreachable
 
 
 class Provider(Protocol):
@@ -100,6 +103,11 @@ async def exchange(
         except BaseException:
             await resp.aclose()  # reading it whole closes it; only a failed read leaves it open
             raise
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        # Nothing answered at that address: name it, since a run may stop on this alone.
+        message = f"cannot reach {request.url} ({describe(exc)})"
+        error_type = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection"
+        raise ProviderError(error_type, message, retryable=True, unreachable=True) from None
     except httpx.TimeoutException as exc:
         raise ProviderError("timeout", describe(exc), retryable=True) from None
     except httpx.UnsupportedProtocol as exc:  # no retry can fix the base URL
