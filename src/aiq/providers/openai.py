@@ -22,6 +22,20 @@ from .base import (
 _EXPECTED = {"/v1/embeddings": "data", "/v1/responses": "output"}  # a good reply carries it
 
 
+def endpoint_url(base_url: str, endpoint: str) -> str:
+    """Where ``endpoint`` (``/v1/chat/completions``, as lines name it) goes at ``base_url``.
+
+    Base URLs conventionally end in ``/v1`` already, and then it is not repeated; any other
+    base gets the whole endpoint, ``/v1`` included (``http://host:8000`` sends to
+    ``http://host:8000/v1/chat/completions``). ``aiq check`` asks for the model list by this
+    rule too, so it probes where a run will send.
+    """
+    base = base_url.rstrip("/")
+    if base.endswith("/v1") and endpoint.startswith("/v1/"):
+        endpoint = endpoint[3:]
+    return base + endpoint
+
+
 class OpenAIProvider:
     """Sends requests straight to an ``httpx.AsyncBaseTransport``; classifies every failure.
 
@@ -49,8 +63,6 @@ class OpenAIProvider:
     ) -> None:
         self._transport = transport
         self._base = base_url.rstrip("/")
-        # Lines name endpoints as "/v1/…"; base URLs conventionally end in "/v1" already.
-        self._strip_v1 = self._base.endswith("/v1")
         self._key_env = api_key_env
         # Only what the request needs: every header costs ~3 µs a request between httpx and
         # aiohttp. Accept-Encoding is named so the server uses no encoding httpx.Response
@@ -79,9 +91,8 @@ class OpenAIProvider:
         """The full URL of an endpoint such as ``/v1/chat/completions``, parsed once."""
         url = self._urls.get(endpoint)
         if url is None:
-            path = endpoint[3:] if self._strip_v1 and endpoint.startswith("/v1/") else endpoint
             # Parsing a URL costs about as much as building the request; endpoints are few.
-            url = self._urls[endpoint] = httpx.URL(self._base + path)
+            url = self._urls[endpoint] = httpx.URL(endpoint_url(self._base, endpoint))
         return url
 
     async def send(self, endpoint: str, body: bytes) -> Reply:
@@ -96,7 +107,7 @@ class OpenAIProvider:
         try:
             url = self.url(endpoint)
         except httpx.InvalidURL as exc:
-            message = f"invalid URL {self._base + endpoint!r}: {exc}"
+            message = f"invalid URL {endpoint_url(self._base, endpoint)!r}: {exc}"
             raise ProviderError("not_found", message, fatal=True) from None
         request = httpx.Request(
             "POST", url, headers=self._headers, content=body, extensions=self._extensions
