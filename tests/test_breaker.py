@@ -373,6 +373,16 @@ def test_calls_over_two_seconds_are_not_enough_without_the_third() -> None:
     assert b.never_reached()
 
 
+def test_calls_that_timed_out_connecting_count_from_when_they_were_sent() -> None:
+    # Three calls to a host that drops packets, each giving up after a 10 s connect timeout:
+    # they tried for long enough already.
+    clock = FakeClock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.record(outage_like=True, unreachable=True, took_s=10.0)
+    assert b.never_reached()
+
+
 @pytest.mark.parametrize("answer", ["success", "http_error", "read_timeout"])
 def test_an_endpoint_that_answered_once_is_never_given_up_that_way(answer: str) -> None:
     # Whatever came back (a reply, an HTTP error, a connection that was made and then timed

@@ -80,21 +80,31 @@ class CircuitBreaker:
 
     def never_reached(self) -> bool:
         """Whether to give up on an endpoint no call has reached: :data:`UNREACHABLE_CALLS`
-        calls failed to connect, the first :data:`UNREACHABLE_S` or more ago, and none did."""
+        calls failed to connect, the first sent :data:`UNREACHABLE_S` or more ago, and none
+        did."""
         return (
             not self.reached
             and self._unreachable_calls >= UNREACHABLE_CALLS
             and self._clock() - self._first_unreachable_at >= UNREACHABLE_S
         )
 
-    def record(self, outage_like: bool, *, probe: bool = False, unreachable: bool = False) -> None:
+    def record(
+        self,
+        outage_like: bool,
+        *,
+        probe: bool = False,
+        unreachable: bool = False,
+        took_s: float = 0.0,
+    ) -> None:
         """The outcome of a call: ``outage_like`` if it failed as a down provider fails;
         ``probe`` if it was the call ``admit()`` let out while open (the caller knows: it is
         the one that saw ``is_open`` when admitted); ``unreachable`` if it never reached the
-        endpoint (refused, unknown host, connect timeout)."""
+        endpoint (refused, unknown host, connect timeout), after trying for ``took_s``."""
         if unreachable:
-            if not self._unreachable_calls:
-                self._first_unreachable_at = self._clock()
+            # From when it was sent: a connect timeout has tried for its whole length.
+            sent_at = self._clock() - took_s
+            if not self._unreachable_calls or sent_at < self._first_unreachable_at:
+                self._first_unreachable_at = sent_at
             self._unreachable_calls += 1
         else:
             self.reached = True

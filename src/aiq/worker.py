@@ -465,7 +465,7 @@ class Worker:
         probe = job.id in self._probe_jobs
         self._probe_jobs.discard(job.id)
         breaker = self._breaker
-        breaker.record(outage_like, probe=probe, unreachable=err.unreachable)
+        breaker.record(outage_like, probe=probe, unreachable=err.unreachable, took_s=now - started)
         down = outage_like and breaker.is_open
         never_reached = err.unreachable and not breaker.reached
         own_fault = not (err.fatal or rate_limited or down or never_reached)
