@@ -174,18 +174,24 @@ async def _through_the_store(tmp: Path, key: str, body: bytes) -> tuple[bytes, d
 def test_a_long_key_is_cut_out_of_error_messages_and_a_short_one_left(
     key: str, before: str, after: str
 ) -> None:
-    body = orjson.dumps({"error": {"message": f"{before}{key}{after}", "type": "x"}})
-    resp = httpx.Response(401, content=body)
+    said = f"{before}{key}{after}"
+    secret = secret_of(key)
+    resp = httpx.Response(401)
+    # OpenAI's shape, decoded; any other JSON (the key JSON-escaped in it); not JSON at all.
+    shaped = orjson.dumps({"error": {"message": said, "type": "x"}})
+    other = orjson.dumps({"detail": said})
+    html = f"<html>{said}</html>".encode()
 
-    message, _ = error_message(resp, body, secret=secret_of(key))
-    start = error_message(resp, b"<html>" + key.encode() + b"</html>", secret=secret_of(key))[0]
+    messages = [error_message(resp, body, secret=secret)[0] for body in (shaped, other, html)]
 
     if len(key) >= MIN_SECRET_CHARS:
-        assert key not in message.removeprefix("HTTP 401: ").replace("[redacted]", "\0")
-        assert key not in start.replace("[redacted]", "\0")
+        escaped = orjson.dumps(key).decode()[1:-1]
+        for message in messages:
+            rest = message.removeprefix("HTTP 401: ").replace("[redacted]", "\0")
+            assert key not in rest and escaped not in rest, message
     else:
-        assert message == f"HTTP 401: {before}{key}{after}"
-        assert secret_of(key) is None and redact(message, secret_of(key)) == message
+        assert secret is None and messages[0] == f"HTTP 401: {said}"
+        assert redact(messages[0], secret) == messages[0]
 
 
 def test_a_key_is_cut_out_of_a_malformed_200s_message_but_not_from_a_reply() -> None:

@@ -217,7 +217,10 @@ def redact(text: str, secret: str | None) -> str:
     are stored as the server sent them."""
     if not secret:
         return text
-    for form in {secret, orjson.dumps(secret).decode()[1:-1]}:
+    escaped = orjson.dumps(secret).decode()[1:-1]
+    # The escaped form first: it is the longer, and cutting the key out of it first could
+    # leave pieces of it behind.
+    for form in (escaped, secret) if escaped != secret else (secret,):
         if form in text:
             text = text.replace(form, "[redacted]")
     return text
