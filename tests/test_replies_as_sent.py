@@ -292,10 +292,9 @@ def _stored(db: Path) -> list[bytes]:
 @pytest.mark.parametrize(
     ("provider", "key_env", "key"),
     [
-        ("openai", "OPENAI_API_KEY", "content"),
-        ("openai", "OPENAI_API_KEY", "x"),
-        ("anthropic", "ANTHROPIC_API_KEY", "null"),
-        ("anthropic", "ANTHROPIC_API_KEY", "te"),
+        ("openai", "OPENAI_API_KEY", "content"),  # was: {"role": "assistant", "[redacted]": …}
+        ("anthropic", "ANTHROPIC_API_KEY", "x"),  # was: {"type": "te[redacted]t", …}
+        ("anthropic", "ANTHROPIC_API_KEY", "null"),  # was: invalid JSON, dead-lettered
     ],
 )
 def test_a_run_with_a_dummy_key_stores_what_the_server_sent(
