@@ -343,3 +343,55 @@ def test_a_probe_that_was_never_sent_lets_the_next_one_go() -> None:
     assert b.admit() > 0
     b.cancel_probe()
     assert b.admit() == 0.0 and b.is_open  # the next probe, at once: the last one never went
+
+
+# -- an endpoint that never answered -----------------------------------------------------------
+
+
+def test_an_endpoint_that_never_answered_is_given_up_after_three_calls_over_two_seconds() -> None:
+    clock = FakeClock()
+    b = breaker(clock)
+    b.record(outage_like=True, unreachable=True)
+    clock.now += 1.0
+    b.record(outage_like=True, unreachable=True)
+    b.record(outage_like=True, unreachable=True)
+    assert not b.never_reached()  # three calls, but within a second: a server still starting
+    clock.now += 0.99
+    assert not b.never_reached()
+    clock.now += 0.01
+    assert b.never_reached()  # 2 s since the first failed to connect, and none got through
+
+
+def test_calls_over_two_seconds_are_not_enough_without_the_third() -> None:
+    clock = FakeClock()
+    b = breaker(clock)
+    b.record(outage_like=True, unreachable=True)
+    clock.now += 30.0
+    b.record(outage_like=True, unreachable=True)
+    assert not b.never_reached()
+    b.record(outage_like=True, unreachable=True)
+    assert b.never_reached()
+
+
+def test_calls_that_timed_out_connecting_count_from_when_they_were_sent() -> None:
+    # Three calls to a host that drops packets, each giving up after a 10 s connect timeout:
+    # they tried for long enough already.
+    clock = FakeClock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.record(outage_like=True, unreachable=True, took_s=10.0)
+    assert b.never_reached()
+
+
+@pytest.mark.parametrize("answer", ["success", "http_error", "read_timeout"])
+def test_an_endpoint_that_answered_once_is_never_given_up_that_way(answer: str) -> None:
+    # Whatever came back (a reply, an HTTP error, a connection that was made and then timed
+    # out), something is there: from then on an outage is the breaker's and --max-outage's.
+    clock = FakeClock()
+    b = breaker(clock)
+    b.record(outage_like=True, unreachable=True)
+    b.record(outage_like=answer != "success")
+    for _ in range(50):
+        clock.now += 1.0
+        b.record(outage_like=True, unreachable=True, probe=b.is_open)
+    assert b.reached and not b.never_reached()

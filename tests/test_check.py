@@ -139,3 +139,61 @@ def test_an_unpriced_model_is_a_warning_and_a_failure_under_max_cost(tmp_path: P
     code, found = _check(tmp_path, "--provider", "simulated", "--model", "house-model")
     assert code == 2 and found["price"]["status"] == "FAIL"
     assert "prices:" in found["price"]["fix"]
+
+
+def test_a_base_url_without_v1_is_checked_where_a_run_sends(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    base = server.base_url.removesuffix("/v1")  # http://127.0.0.1:PORT
+
+    code, found = _check(tmp_path, "--base-url", base, "--model", "gpt-4o-mini")
+
+    assert code == 0, found  # it works: the run adds /v1, and so does check
+    assert found["endpoint"]["status"] == "ok"
+    assert f"{base}/v1/models answered" in found["endpoint"]["message"]
+    note = found["base URL"]
+    assert note["status"] == "warn" and f"{base}/v1/chat/completions" in note["message"]
+    assert f"did you mean {base}/v1?" in note["fix"]
+    write_prompts(tmp_path / "p.jsonl", [("a", "hi")])
+    ran = run_aiq("run", "p.jsonl", "--base-url", base, "--model", "gpt-4o-mini", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert [r.path for r in server.requests] == ["/v1/models", "/v1/chat/completions"]
+
+
+def test_a_base_url_with_v1_gets_no_note(tmp_path: Path, server: FakeServer) -> None:
+    code, found = _check(tmp_path, "--base-url", server.base_url + "/", "--model", "gpt-4o-mini")
+
+    assert code == 0 and "base URL" not in found
+
+
+def test_a_missing_key_the_server_wants_says_to_set_it(tmp_path: Path, server: FakeServer) -> None:
+    env = aiq_env()
+    del env["OPENAI_API_KEY"]
+    args = ("--base-url", server.base_url, "--model", "gpt-4o-mini")
+
+    code, found = _check(tmp_path, *args, env=env)
+    text = run_aiq("check", *args, cwd=tmp_path, env=env).stdout
+
+    assert code == 4
+    key = found["API key"]
+    assert key["status"] == "FAIL" and "not set" in key["message"] and "HTTP 401" in key["message"]
+    assert key["fix"].startswith("set it: export OPENAI_API_KEY=")
+    # One line about the key: not "fine" first, then "check the key".
+    (line,) = [line for line in text.splitlines() if "API key:" in line]
+    assert line.startswith("FAIL") and "check the key" not in line
+
+
+def test_a_4xx_from_the_model_list_is_not_called_passing(tmp_path: Path) -> None:
+    args = ("--model", "gpt-4o-mini")
+    with FakeServer(status_for_all=400) as refusing:
+        code, found = _check(tmp_path, "--base-url", refusing.base_url, *args)
+    assert code == 4
+    endpoint = found["endpoint"]
+    assert endpoint["status"] == "FAIL" and "HTTP 400: Invalid request." in endpoint["message"]
+    assert "try again later" not in endpoint["fix"] and "--base-url" in endpoint["fix"]
+
+    with FakeServer(status_for_all=503) as overloaded:
+        code, found = _check(tmp_path, "--base-url", overloaded.base_url, *args)
+    assert code == 4
+    assert "overloaded" in found["endpoint"]["message"]
+    assert "try again later" in found["endpoint"]["fix"]

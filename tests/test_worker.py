@@ -254,18 +254,30 @@ def test_malformed_200_is_retried(tmp_path: Path, reply: Callable[[str], Reply])
 
 
 @pytest.mark.parametrize(
-    "exc",
+    ("exc", "attempts"),
     [
-        httpx.ConnectError("connection refused"),
-        httpx.RemoteProtocolError("server disconnected"),
-        httpx.ReadTimeout("timed out"),
+        # Refused before the endpoint ever answered: not the job's fault, so no attempt.
+        (httpx.ConnectError("connection refused"), 1),
+        (httpx.RemoteProtocolError("server disconnected"), 2),
+        (httpx.ReadTimeout("timed out"), 2),
     ],
     ids=["refused", "hang-up", "timeout"],
 )
-def test_transport_errors_are_retried(tmp_path: Path, exc: Exception) -> None:
+def test_transport_errors_are_retried(tmp_path: Path, exc: Exception, attempts: int) -> None:
     run = run_worker(tmp_path, ["a"], first([lambda p: exc]))
 
-    assert run.rows["a"]["state"] == DONE and run.rows["a"]["attempts"] == 2
+    assert run.rows["a"]["state"] == DONE and run.rows["a"]["attempts"] == attempts
+
+
+def test_refused_after_the_endpoint_answered_costs_an_attempt(tmp_path: Path) -> None:
+    def script(prompt: str, seen: int) -> Reply:
+        if prompt == "b" and seen == 0:
+            return httpx.ConnectError("connection refused")
+        return completion(prompt)
+
+    run = run_worker(tmp_path, ["a", "b"], script)  # one sender: "a" is answered first
+
+    assert run.rows["b"]["state"] == DONE and run.rows["b"]["attempts"] == 2
 
 
 def test_max_attempts_exhausted_is_dead_with_the_last_error(tmp_path: Path) -> None:

@@ -5,7 +5,11 @@ errors, timeouts, refused or reset connections), it opens: one probe at a time g
 growing intervals, and the first probe the provider answers (anything but such a failure)
 closes it. Jobs are not charged attempts for failures while it is open, so an outage
 dead-letters nothing; ``max_outage_s`` bounds how long a run waits for the provider.
-Time comes from the injected clock.
+
+That is for a provider that answered and went away. An endpoint that has not answered once
+(every call refused, its host unknown, or no connection within the connect timeout) is more
+likely a wrong URL or a server not started than an outage: :meth:`CircuitBreaker.never_reached`
+says when to stop waiting for it, within seconds. Time comes from the injected clock.
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ from collections import deque
 from collections.abc import Callable
 
 OUTAGE_ERRORS = frozenset({"server", "timeout", "connection"})
+# An endpoint that never answered is given up on after this many calls failed to connect, over
+# at least this long: a few retries ride out a server that is a second from listening, or a
+# blip of the network, and a wrong URL still fails in seconds, not after --max-outage.
+UNREACHABLE_CALLS = 3
+UNREACHABLE_S = 2.0
 
 
 class CircuitBreaker:
@@ -41,6 +50,9 @@ class CircuitBreaker:
         self._probes = 0  # failed probes since it opened
         self._next_probe_at = 0.0
         self._probing = False
+        self.reached = False  # whether any call has reached the endpoint
+        self._unreachable_calls = 0
+        self._first_unreachable_at = 0.0
 
     @property
     def is_open(self) -> bool:
@@ -66,10 +78,36 @@ class CircuitBreaker:
         """The probe ``admit()`` let out was not sent after all: another may go."""
         self._probing = False
 
-    def record(self, outage_like: bool, *, probe: bool = False) -> None:
+    def never_reached(self) -> bool:
+        """Whether to give up on an endpoint no call has reached: :data:`UNREACHABLE_CALLS`
+        calls failed to connect, the first sent :data:`UNREACHABLE_S` or more ago, and none
+        did."""
+        return (
+            not self.reached
+            and self._unreachable_calls >= UNREACHABLE_CALLS
+            and self._clock() - self._first_unreachable_at >= UNREACHABLE_S
+        )
+
+    def record(
+        self,
+        outage_like: bool,
+        *,
+        probe: bool = False,
+        unreachable: bool = False,
+        took_s: float = 0.0,
+    ) -> None:
         """The outcome of a call: ``outage_like`` if it failed as a down provider fails;
         ``probe`` if it was the call ``admit()`` let out while open (the caller knows: it is
-        the one that saw ``is_open`` when admitted)."""
+        the one that saw ``is_open`` when admitted); ``unreachable`` if it never reached the
+        endpoint (refused, unknown host, connect timeout), after trying for ``took_s``."""
+        if unreachable:
+            # From when it was sent: a connect timeout has tried for its whole length.
+            sent_at = self._clock() - took_s
+            if not self._unreachable_calls or sent_at < self._first_unreachable_at:
+                self._first_unreachable_at = sent_at
+            self._unreachable_calls += 1
+        else:
+            self.reached = True
         if self.opened_at is not None:
             if not outage_like:  # the provider answered (the probe, or a call from before)
                 self._close()

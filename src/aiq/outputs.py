@@ -192,17 +192,26 @@ async def _write_results(store: JobStore, source: Source, order: str, path: str)
     with _AtomicFile(path) as f:
         async for rows in store.result_rows(source, state=DONE, order=order, columns=_DONE):
             # Formatted, not dumped from a dict: the line is the same bytes in a third of
-            # the time, and the stored body goes in as it came (it is JSON already).
+            # the time, and the stored body goes in as it came (it is JSON already), but on
+            # one line.
             f.write(
                 b"".join(
                     [
-                        _RESULT % (_request_id(k64), dumps(cid), dumps(status), dumps(rid), body)
+                        _RESULT
+                        % (_request_id(k64), dumps(cid), dumps(status), dumps(rid), _one_line(body))
                         for cid, k64, status, rid, body in rows
                     ]
                 )
             )
             n += len(rows)
     return n
+
+
+def _one_line(body: bytes) -> bytes:
+    """A body a server pretty-printed, on one line (the same object when it is already on
+    one). JSON allows a line break only between tokens (one in a string is escaped), where a
+    space means the same."""
+    return body.replace(b"\r", b" ").replace(b"\n", b" ")
 
 
 async def _write_dead(store: JobStore, source: Source, path: str) -> int:

@@ -20,10 +20,14 @@ from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .errors import FatalProviderError, StoreError, UsageError
 from .pricing import DEFAULT_PRICES, PRICES_AS_OF, price_for
 from .providers.anthropic import ANTHROPIC_VERSION
+from .providers.base import error_message, secret_of
+from .providers.openai import endpoint_url
 from .records import STATE_NAMES
 from .store import JobStore, StoreOutdated
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
+# Statuses that pass with time (besides 5xx): a timeout, "too early", a rate limit.
+_PASSING = frozenset({408, 425, 429})
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +88,11 @@ async def run_checks(
         if key.status == FAIL:  # the provider would only refuse us
             findings.append(Finding(WARN, "endpoint", "not checked without an API key"))
         else:
-            findings += await _endpoint_findings(config, transport)
+            found = await _endpoint_findings(config, transport)
+            # A key the server refused (or asked for) says more than the environment did.
+            if found[0].subject == key.subject:
+                findings[-1] = found.pop(0)
+            findings += found
     findings.append(_price_finding(config))
     findings.append(await _store_finding(config.db))
     return CheckReport(findings)
@@ -126,7 +134,22 @@ def _models_request(c: Config) -> tuple[str, dict[str, str]]:
         return f"{base}/v1/models?limit=1000", headers
     if c.api_key:
         headers["authorization"] = f"Bearer {c.api_key}"
-    return f"{base}/models", headers
+    return endpoint_url(base, "/v1/models"), headers  # where a run sends, /v1 and all
+
+
+def _base_url_finding(c: Config) -> Finding | None:
+    """A warning for an OpenAI-compatible base URL without ``/v1``: a run adds it (as the
+    model list was asked for here), where other clients would not."""
+    base = c.base_url.rstrip("/")
+    if c.provider != "openai" or base.endswith("/v1"):
+        return None
+    return Finding(
+        WARN,
+        "base URL",
+        f"{base} does not end in /v1: aiq adds it, so requests go to "
+        f"{endpoint_url(base, '/v1/chat/completions')} and the like",
+        f"did you mean {base}/v1? It sends to the same place, and other clients expect it",
+    )
 
 
 async def _endpoint_findings(
@@ -141,7 +164,7 @@ async def _endpoint_findings(
     except httpx.HTTPError as exc:
         # httpx messages never include headers, so the key cannot leak through them.
         what = str(exc) or type(exc).__name__
-        return [
+        found = [
             Finding(
                 FAIL,
                 "endpoint",
@@ -150,31 +173,22 @@ async def _endpoint_findings(
                 provider=True,
             )
         ]
-    if resp.status_code in (401, 403):
-        return [
-            Finding(
-                FAIL,
-                "API key",
-                f"refused by {shown} (HTTP {resp.status_code})",
-                f"check the key in ${c.api_key_env} and its permissions",
-                provider=True,
-            )
-        ]
+    else:
+        found = _answer_findings(c, resp, shown)
+    note = _base_url_finding(c)
+    return found if note is None else [found[0], note, *found[1:]]
+
+
+def _answer_findings(c: Config, resp: httpx.Response, shown: str) -> list[Finding]:
+    """What the model list's answer says about the key, the endpoint and the model."""
     if resp.status_code == 404:
         return [
             Finding(OK, "endpoint", f"{shown} answered, but serves no model list (HTTP 404)"),
             Finding(WARN, "model", f"cannot confirm {c.model or 'the model'}: no model list"),
         ]
     if resp.status_code != 200:
-        return [
-            Finding(
-                FAIL,
-                "endpoint",
-                f"{shown} answered HTTP {resp.status_code}",
-                "try again later, and check the provider's status page",
-                provider=True,
-            )
-        ]
+        said, _ = error_message(resp, resp.content, secret=secret_of(c.api_key))
+        return [_refusal_finding(c, resp.status_code, said, shown)]
     models = _model_ids(resp)
     if models is None:
         return [
@@ -190,6 +204,36 @@ async def _endpoint_findings(
         Finding(OK, "endpoint", f"{shown} answered ({len(models)} models listed)"),
         _model_finding(c, models),
     ]
+
+
+def _refusal_finding(c: Config, status: int, said: str, shown: str) -> Finding:
+    """An error status from the model list, with the server's message and advice that fits
+    it: set a key it wants, check the key it refused, wait out a passing failure, or fix
+    what a retry cannot."""
+    if status in (401, 403) and not c.api_key:  # it wants a key after all
+        return Finding(
+            FAIL,
+            "API key",
+            f"${c.api_key_env} is not set, and {shown} wants one ({said})",
+            f"set it: export {c.api_key_env}=…, or set api_key_env: to the variable that holds it",
+            provider=True,
+        )
+    if status in (401, 403):
+        return Finding(
+            FAIL,
+            "API key",
+            f"refused by {shown} ({said})",
+            f"check the key in ${c.api_key_env} and its permissions",
+            provider=True,
+        )
+    if status in _PASSING or status >= 500:
+        fix = "try again later, and check the provider's status page"
+    else:
+        fix = (
+            "a refusal, not a passing failure: check --base-url (the API's base, such as "
+            "http://host:8000/v1) and any headers or parameters the server wants"
+        )
+    return Finding(FAIL, "endpoint", f"{shown} answered {said}", fix, provider=True)
 
 
 def _model_ids(resp: httpx.Response) -> list[str] | None:

@@ -17,7 +17,8 @@ from rich.progress import BarColumn, TaskProgressColumn, TextColumn
 from rich.progress import Progress as Bar
 from rich.table import Table
 
-from .worker import Progress
+from .durations import duration_text
+from .worker import Progress, quoted
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -44,8 +45,12 @@ def summary_line(p: Progress) -> str:
 
 
 def outage_note(p: Progress) -> str:
-    """`` · provider down 42s, probing`` while the circuit breaker is open, else nothing."""
-    return f" · provider down {fmt_duration(p.outage_s)}, probing" if p.outage_s else ""
+    """`` · provider down 42 s, probing; last error: HTTP 503: …`` while the circuit breaker
+    is open, else nothing."""
+    if not p.outage_s:
+        return ""
+    last = f"; last error: {quoted(p.last_error, 160)}" if p.last_error else ""
+    return f" · provider down {duration_text(p.outage_s)}, probing{last}"
 
 
 class PlainProgress:

@@ -23,6 +23,7 @@ environment), streaming request or response bodies. One client belongs to one ev
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import aiohttp
@@ -51,8 +52,20 @@ def _map_error(exc: BaseException, request: httpx.Request) -> httpx.TransportErr
         if isinstance(exc, source):
             # aiohttp's messages name host and port at most; headers never reach them.
             message = str(exc) or type(exc).__name__
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                message = _connect_failure(exc) or message
             return target(message, request=request)
     raise TypeError(f"not an aiohttp error: {exc!r}")  # pragma: no cover
+
+
+def _connect_failure(exc: aiohttp.ClientConnectorError) -> str | None:
+    """ "Cannot connect to host h:p: Connection refused": asyncio words a refusal "Connect
+    call failed", which does not say why; the errno does. None for TLS errors, whose errno
+    is no socket error's."""
+    errno = exc.os_error.errno
+    if isinstance(exc, aiohttp.ClientSSLError) or not isinstance(errno, int) or errno <= 0:
+        return None
+    return f"Cannot connect to host {exc.host}:{exc.port}: {os.strerror(errno)}"
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):

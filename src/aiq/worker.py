@@ -21,6 +21,7 @@ from . import backoff, tokens
 from .breaker import OUTAGE_ERRORS, CircuitBreaker
 from .concurrency import AutoConcurrency
 from .costs import Charge, CostMeter
+from .durations import duration_text
 from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError, Reply
 from .records import DEAD, DONE, QUEUED, Job, Outcome
@@ -64,6 +65,7 @@ class Progress:
     in_flight: int = 0
     concurrency: int = 0  # senders allowed now (--concurrency auto changes it)
     outage_s: float = 0.0  # how long the provider has been down (0: it is up)
+    last_error: str = ""  # the provider's last outage-like error (server, timeout, connection)
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0  # of the replies with a price
@@ -384,7 +386,9 @@ class Worker:
         breaker = self._breaker
         while (wait := breaker.admit()) > 0:
             self.progress.outage_s = breaker.outage_s()
-            if self.progress.outage_s > self._retry.max_outage_s:
+            if breaker.never_reached():
+                self._give_up_on_endpoint()
+            elif self.progress.outage_s > self._retry.max_outage_s:
                 self._give_up_on_provider()
             if self._stop:
                 return False
@@ -395,11 +399,24 @@ class Worker:
         return not self._stop
 
     def _give_up_on_provider(self) -> None:
-        minutes = self._retry.max_outage_s / 60
         self.fatal = self.fatal or ProviderError(
             "outage",
-            f"the provider has failed every call for over {minutes:g} min (--max-outage); "
-            "no job was charged for it. Check the provider's status page",
+            f"the provider has failed every call for over "
+            f"{duration_text(self._retry.max_outage_s)} (--max-outage), the last with "
+            f"{quoted(self.progress.last_error)}; no job was charged for it. Check the "
+            "provider's status page",
+            fatal=True,
+        )
+        self.stop()
+
+    def _give_up_on_endpoint(self) -> None:
+        """No call has reached the endpoint: a wrong URL or a server not running, most likely;
+        waiting --max-outage for it would only hide that."""
+        self.fatal = self.fatal or ProviderError(
+            "connection",
+            f"{quoted(self.progress.last_error)}; no call has reached the endpoint in this run "
+            "(each was refused, found no host or timed out connecting). Check --base-url and "
+            "that the server is running",
             fatal=True,
         )
         self.stop()
@@ -447,10 +464,15 @@ class Worker:
         if rate_limited:
             limiter.refund(ticket)  # a 429 is not counted against the limits
         outage_like = err.error_type in OUTAGE_ERRORS
+        if outage_like:
+            self.progress.last_error = err.message
         probe = job.id in self._probe_jobs
         self._probe_jobs.discard(job.id)
-        self._breaker.record(outage_like, probe=probe)
-        own_fault = not (err.fatal or rate_limited or (outage_like and self._breaker.is_open))
+        breaker = self._breaker
+        breaker.record(outage_like, probe=probe, unreachable=err.unreachable, took_s=now - started)
+        down = outage_like and breaker.is_open
+        never_reached = err.unreachable and not breaker.reached
+        own_fault = not (err.fatal or rate_limited or down or never_reached)
         out = Outcome(
             job.id,
             QUEUED,
@@ -465,6 +487,9 @@ class Worker:
             # Not the job's fault: leave it as it was and stop the whole run.
             self.fatal = self.fatal or err
             self.stop()
+            return out
+        if never_reached and breaker.never_reached():
+            self._give_up_on_endpoint()
             return out
         wait_s = backoff.delay(
             max(1, out.attempts),
@@ -496,3 +521,12 @@ class Worker:
                 "shorten the prompt or lower max_tokens"
             ),
         )
+
+
+def quoted(message: str, limit: int = 300) -> str:
+    """A provider's error for a sentence of aiq's: cut to ``limit`` characters, without its
+    full stop."""
+    if not message:
+        return "no error recorded"
+    message = message.rstrip(". ")  # it goes inside a sentence
+    return message if len(message) <= limit else message[: limit - 1] + "…"

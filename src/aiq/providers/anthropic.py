@@ -17,9 +17,11 @@ from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
 from .base import (
     ProviderError,
     Reply,
+    body_start,
     error_from,
     exchange,
     reply_headers,
+    secret_of,
     token_count,
 )
 
@@ -67,7 +69,7 @@ class AnthropicProvider:
         }
         if api_key:
             headers["x-api-key"] = api_key
-        self._secret = api_key.encode() if api_key else None
+        self._secret = secret_of(api_key)  # cut out of error messages, never out of replies
         self._headers = httpx.Headers(headers)
         self._extensions: dict[str, Any] = {
             "timeout": {
@@ -96,13 +98,15 @@ class AnthropicProvider:
         request = httpx.Request(
             "POST", url, headers=self._headers, content=content, extensions=self._extensions
         )
-        resp, raw = await exchange(self._transport, request, secret=self._secret, base=self._base)
+        resp, raw = await exchange(self._transport, request, base=self._base)
         if resp.status_code != 200:
-            raise error_from(resp, raw, key_env=self._key_env, code_keys=("type",))
-        return _reply(resp, raw)
+            raise error_from(
+                resp, raw, key_env=self._key_env, secret=self._secret, code_keys=("type",)
+            )
+        return _reply(resp, raw, self._secret)
 
 
-def _reply(resp: httpx.Response, raw: bytes) -> Reply:
+def _reply(resp: httpx.Response, raw: bytes, secret: str | None) -> Reply:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -110,7 +114,8 @@ def _reply(resp: httpx.Response, raw: bytes) -> Reply:
     if not isinstance(data, dict) or not isinstance(data.get("content"), list):
         raise ProviderError(
             "bad_response",
-            f"HTTP 200 without a well-formed Message (no 'content' list): {raw[:200]!r}",
+            "HTTP 200 without a well-formed Message (no 'content' list): "
+            f"{body_start(raw, secret, 200)!r}",
             status_code=200,
             retryable=True,
         )

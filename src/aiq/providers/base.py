@@ -36,6 +36,11 @@ _FATAL_HINTS = {
     "quota": "the account is out of quota or credit; add credit or raise the limit, then resume",
 }
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+# A key shorter than this is not looked for in what aiq writes. Real keys are long (OpenAI's
+# are 50+ characters, Anthropic's 100+); short ones are the dummies local servers are given
+# (`x`, `test`, `null`, `EMPTY`, `ollama`, `content`), no secret, and common enough as words
+# that cutting them out would garble the messages they appear in.
+MIN_SECRET_CHARS = 8
 
 
 @dataclass(slots=True)  # not frozen: that costs ~0.5 µs a reply (bench/README, "Pipeline")
@@ -66,6 +71,7 @@ class ProviderError(Exception):
         fatal: bool = False,
         retry_after_s: float | None = None,
         limits: RateLimitInfo | None = None,
+        unreachable: bool = False,
     ) -> None:
         super().__init__(message)
         self.error_type = error_type
@@ -75,6 +81,8 @@ class ProviderError(Exception):
         self.fatal = fatal
         self.retry_after_s = retry_after_s
         self.limits = limits
+        # The request never reached a server: refused, unknown host, connect timeout.
+        self.unreachable = unreachable
 
 
 class Provider(Protocol):
@@ -84,17 +92,22 @@ class Provider(Protocol):
 
 
 async def exchange(
-    transport: httpx.AsyncBaseTransport, request: httpx.Request, *, secret: bytes | None, base: str
+    transport: httpx.AsyncBaseTransport, request: httpx.Request, *, base: str
 ) -> tuple[httpx.Response, bytes]:
-    """Send ``request`` and read the whole reply (the key cut out of it); every transport
+    """Send ``request`` and read the whole reply, as the server sent it; every transport
     failure is raised as a classified ProviderError. ``base`` is the base URL, for messages."""
     try:
         resp = await transport.handle_async_request(request)
         try:
-            content = redact(await resp.aread(), secret)
+            content = await resp.aread()
         except BaseException:
             await resp.aclose()  # reading it whole closes it; only a failed read leaves it open
             raise
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        # Nothing answered at that address: name it, since a run may stop on this alone.
+        message = f"cannot reach {request.url} ({describe(exc)})"
+        error_type = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection"
+        raise ProviderError(error_type, message, retryable=True, unreachable=True) from None
     except httpx.TimeoutException as exc:
         raise ProviderError("timeout", describe(exc), retryable=True) from None
     except httpx.UnsupportedProtocol as exc:  # no retry can fix the base URL
@@ -113,11 +126,13 @@ def error_from(
     content: bytes,
     *,
     key_env: str,
+    secret: str | None,
     code_keys: tuple[str, ...] = ("code", "type"),
 ) -> ProviderError:
-    """The classified ProviderError of a non-200 reply: the provider's message and code, the
-    class from the one table, a hint for fatal ones, its Retry-After and rate-limit headers."""
-    message, code = error_message(resp, content, code_keys=code_keys)
+    """The classified ProviderError of a non-200 reply: the provider's message (``secret``
+    cut out of it) and code, the class from the one table, a hint for fatal ones, its
+    Retry-After and rate-limit headers."""
+    message, code = error_message(resp, content, code_keys=code_keys, secret=secret)
     error_type, retryable, fatal = classify_status(resp.status_code, message, code)
     if fatal:
         message = f"{message} ({fatal_hint(error_type, key_env)})"
@@ -153,21 +168,33 @@ def token_count(value: object) -> int:
 
 
 def error_message(
-    resp: httpx.Response, content: bytes, *, code_keys: tuple[str, ...] = ("code", "type")
+    resp: httpx.Response,
+    content: bytes,
+    *,
+    code_keys: tuple[str, ...] = ("code", "type"),
+    secret: str | None = None,
 ) -> tuple[str, str | None]:
     """The provider's own message, and its error code (the first of ``code_keys`` that is a
     string), from an ``{"error": {"message": …}}`` body (OpenAI's and Anthropic's shape);
-    else the start of the body as text."""
+    else the start of the body as text. ``secret`` is cut out of the message."""
     try:
         err = orjson.loads(content).get("error")
         if isinstance(err, dict):
             codes = (err.get(k) for k in code_keys)
             code = next((c for c in codes if isinstance(c, str) and c), None)
-            return f"HTTP {resp.status_code}: {err.get('message') or err}", code
+            return redact(f"HTTP {resp.status_code}: {err.get('message') or err}", secret), code
     except (orjson.JSONDecodeError, AttributeError):
         pass
-    text = content[:300].decode("utf-8", "replace").strip()
+    text = body_start(content, secret, 300).strip()
     return f"HTTP {resp.status_code}: {text or resp.reason_phrase}", None
+
+
+def body_start(content: bytes, secret: str | None, chars: int) -> str:
+    """The first ``chars`` characters of a reply body, for a message, ``secret`` cut out
+    first (a cut made first could leave the start of the key behind)."""
+    # Enough bytes for ``chars`` characters of UTF-8 and a whole key, JSON-escaped, at the end.
+    head = content[: 4 * chars + 6 * len(secret or "")]
+    return redact(head.decode("utf-8", "replace"), secret)[:chars]
 
 
 def describe(exc: Exception) -> str:
@@ -176,13 +203,27 @@ def describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def redact(content: bytes, secret: bytes | None) -> bytes:
-    """What a server sent, with ``secret`` (the API key) cut out. Some servers quote the key
-    back ("Incorrect API key provided: sk-…") or echo the request, headers and all, in an
-    error; aiq stores and prints what servers say, and must never store or print the key."""
-    if secret and secret in content:
-        return content.replace(secret, b"[redacted]")
-    return content
+def secret_of(api_key: str | None) -> str | None:
+    """The key as aiq looks for it in what it writes: None if it is too short to be a secret
+    (:data:`MIN_SECRET_CHARS`)."""
+    return api_key if api_key and len(api_key) >= MIN_SECRET_CHARS else None
+
+
+def redact(text: str, secret: str | None) -> str:
+    """A message aiq writes, with ``secret`` (the API key) cut out, as it is and as JSON
+    escapes it. Some servers quote the key back ("Incorrect API key provided: sk-…") or echo
+    the request, headers and all, in an error; aiq stores and prints what servers say in
+    its messages, and must never store or print the key. Replies are never redacted: they
+    are stored as the server sent them."""
+    if not secret:
+        return text
+    escaped = orjson.dumps(secret).decode()[1:-1]
+    # The escaped form first: it is the longer, and cutting the key out of it first could
+    # leave pieces of it behind.
+    for form in (escaped, secret) if escaped != secret else (secret,):
+        if form in text:
+            text = text.replace(form, "[redacted]")
+    return text
 
 
 def classify_status(status: int, message: str, code: str | None = None) -> tuple[str, bool, bool]:

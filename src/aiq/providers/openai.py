@@ -11,13 +11,29 @@ import orjson
 from .base import (
     ProviderError,
     Reply,
+    body_start,
     error_from,
     exchange,
     reply_headers,
+    secret_of,
     token_count,
 )
 
 _EXPECTED = {"/v1/embeddings": "data", "/v1/responses": "output"}  # a good reply carries it
+
+
+def endpoint_url(base_url: str, endpoint: str) -> str:
+    """Where ``endpoint`` (``/v1/chat/completions``, as lines name it) goes at ``base_url``.
+
+    Base URLs conventionally end in ``/v1`` already, and then it is not repeated; any other
+    base gets the whole endpoint, ``/v1`` included (``http://host:8000`` sends to
+    ``http://host:8000/v1/chat/completions``). ``aiq check`` asks for the model list by this
+    rule too, so it probes where a run will send.
+    """
+    base = base_url.rstrip("/")
+    if base.endswith("/v1") and endpoint.startswith("/v1/"):
+        endpoint = endpoint[3:]
+    return base + endpoint
 
 
 class OpenAIProvider:
@@ -47,8 +63,6 @@ class OpenAIProvider:
     ) -> None:
         self._transport = transport
         self._base = base_url.rstrip("/")
-        # Lines name endpoints as "/v1/…"; base URLs conventionally end in "/v1" already.
-        self._strip_v1 = self._base.endswith("/v1")
         self._key_env = api_key_env
         # Only what the request needs: every header costs ~3 µs a request between httpx and
         # aiohttp. Accept-Encoding is named so the server uses no encoding httpx.Response
@@ -60,7 +74,7 @@ class OpenAIProvider:
         }
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        self._secret = api_key.encode() if api_key else None
+        self._secret = secret_of(api_key)  # cut out of error messages, never out of replies
         # One normalised Headers, copied by each Request: cheaper than a dict re-encoded each time.
         self._headers = httpx.Headers(headers)
         self._extensions: dict[str, Any] = {
@@ -77,9 +91,8 @@ class OpenAIProvider:
         """The full URL of an endpoint such as ``/v1/chat/completions``, parsed once."""
         url = self._urls.get(endpoint)
         if url is None:
-            path = endpoint[3:] if self._strip_v1 and endpoint.startswith("/v1/") else endpoint
             # Parsing a URL costs about as much as building the request; endpoints are few.
-            url = self._urls[endpoint] = httpx.URL(self._base + path)
+            url = self._urls[endpoint] = httpx.URL(endpoint_url(self._base, endpoint))
         return url
 
     async def send(self, endpoint: str, body: bytes) -> Reply:
@@ -94,16 +107,14 @@ class OpenAIProvider:
         try:
             url = self.url(endpoint)
         except httpx.InvalidURL as exc:
-            message = f"invalid URL {self._base + endpoint!r}: {exc}"
+            message = f"invalid URL {endpoint_url(self._base, endpoint)!r}: {exc}"
             raise ProviderError("not_found", message, fatal=True) from None
         request = httpx.Request(
             "POST", url, headers=self._headers, content=body, extensions=self._extensions
         )
-        resp, content = await exchange(
-            self._transport, request, secret=self._secret, base=self._base
-        )
+        resp, content = await exchange(self._transport, request, base=self._base)
         if resp.status_code != 200:
-            raise error_from(resp, content, key_env=self._key_env)
+            raise error_from(resp, content, key_env=self._key_env, secret=self._secret)
         return self._reply(endpoint, resp, content)
 
     def _reply(self, endpoint: str, resp: httpx.Response, content: bytes) -> Reply:
@@ -115,7 +126,8 @@ class OpenAIProvider:
         if not isinstance(data, dict) or expected not in data:
             raise ProviderError(
                 "bad_response",
-                f"HTTP 200 without a well-formed reply (no {expected!r}): {content[:200]!r}",
+                f"HTTP 200 without a well-formed reply (no {expected!r}): "
+                f"{body_start(content, self._secret, 200)!r}",
                 status_code=200,
                 retryable=True,
             )
