@@ -19,6 +19,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+# typer's own copy of click (typer >= 0.26, pinned in pyproject.toml): the errors it raises.
+from typer._click.exceptions import Abort, ClickException, NoArgsIsHelpError, NoSuchOption
+
 from . import __version__, preflight, report, runner
 from .config import Config
 from .errors import AiqError
@@ -443,8 +446,41 @@ def main() -> None:
     # SIGTERM (cron, systemd, a container stopping) ends a command as Ctrl-C does: files being
     # written are removed, not left half-done. `run` drains on it instead, while it works.
     signal.signal(signal.SIGTERM, _terminated)
-    app()
+    try:
+        # Not standalone: a usage error comes back here, to be printed as aiq prints errors
+        # (typer's own way is a rich box), and typer.Exit comes back as its exit code.
+        code = app(prog_name="aiq", standalone_mode=False)
+    except ClickException as exc:
+        code = _usage_error(exc)
+    except Abort:  # end of input at a prompt; aiq has none, but typer may raise it
+        print("error: aborted", file=sys.stderr)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+# Flags people try for the API key; aiq takes keys from the environment only.
+_KEY_FLAGS = frozenset({"--api-key", "--key", "--openai-api-key", "--anthropic-api-key"})
+
+
+def _usage_error(exc: ClickException) -> int:
+    """Print a usage error as one ``error: …`` line with where to look; its exit code (2)."""
+    if isinstance(exc, NoArgsIsHelpError):  # bare `aiq`: the help is already printed
+        return exc.exit_code
+    if isinstance(exc, NoSuchOption) and exc.option_name in _KEY_FLAGS:
+        message = (
+            f"aiq takes no {exc.option_name}: it reads the key from $OPENAI_API_KEY "
+            "($ANTHROPIC_API_KEY with --provider anthropic, or the variable the config's "
+            "api_key_env names); it never takes a key on the command line, where shell "
+            "history and `ps` would show it"
+        )
+    else:
+        message = exc.format_message().rstrip(".")
+        message = message[:1].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+    print(f"error: {message}{hint}", file=sys.stderr)
+    return exc.exit_code
