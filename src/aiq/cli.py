@@ -26,7 +26,7 @@ from . import __version__, preflight, report, runner
 from .config import Config
 from .errors import AiqError
 from .outputs import open_log
-from .progress import LiveProgress, PlainProgress
+from .progress import LiveProgress, PlainProgress, wants_live_panel
 from .records import EnqueueCounts
 from .report import plural
 
@@ -158,10 +158,6 @@ def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
-def _fancy() -> bool:
-    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
-
-
 def _print_counts(path: Path, c: EnqueueCounts) -> None:
     for bad in c.bad_lines[:50]:
         print(f"invalid: {bad}", file=sys.stderr)
@@ -199,7 +195,8 @@ class _Display:
         self._log = open_log(log_file) if log_file else None
         shows: list[Any] = []
         if not (quiet or as_json):
-            shows.append(LiveProgress(_console()) if _fancy() else PlainProgress(sys.stderr))
+            live = wants_live_panel(sys.stdout.isatty(), os.environ)
+            shows.append(LiveProgress(_console()) if live else PlainProgress(sys.stderr))
         if self._log is not None:
             shows.append(PlainProgress(self._log))
         self._shows = shows
@@ -209,6 +206,7 @@ class _Display:
             show(p)
 
     def summary(self, s: runner.RunSummary) -> None:
+        self._stop_shows()  # the panel's last frame first, then the summary under it
         if s.added is not None:
             for bad in s.added.bad_lines[:20]:
                 print(f"invalid: {bad}", file=sys.stderr)
@@ -221,9 +219,13 @@ class _Display:
             stamp = datetime.now().astimezone().isoformat(timespec="seconds")
             self._log.writelines(f"{stamp} {line}\n" for line in lines)
 
-    def close(self) -> None:
-        for show in self._shows:
+    def _stop_shows(self) -> None:
+        shows, self._shows = self._shows, []
+        for show in shows:
             show.close()
+
+    def close(self) -> None:
+        self._stop_shows()
         if self._log is not None:
             self._log.close()
 
