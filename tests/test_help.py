@@ -73,6 +73,16 @@ def test_a_key_flag_says_where_the_key_comes_from(tmp_path: Path, args: list[str
     assert secret not in out + err
 
 
+@pytest.mark.parametrize(("command", "wait"), [("run", "-1"), ("resume", "nan")])
+def test_a_negative_wait_is_refused(tmp_path: Path, command: str, wait: str) -> None:
+    args = [command, "p.jsonl"] if command == "run" else [command]
+    code, _, err = aiq(*args, "--wait", wait, "--provider", "simulated", cwd=tmp_path)
+    assert code == 2
+    assert err.startswith("error: --wait "), err
+    assert "0 or more" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / ".aiq").exists()
+
+
 def test_bare_aiq_prints_the_help(tmp_path: Path) -> None:
     code, out, err = aiq(cwd=tmp_path)
     assert code == 2 and "Usage: " in out + err and "error:" not in err

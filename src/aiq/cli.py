@@ -24,7 +24,7 @@ from typer._click.exceptions import Abort, ClickException, NoArgsIsHelpError, No
 
 from . import __version__, preflight, report, runner
 from .config import Config
-from .errors import AiqError
+from .errors import AiqError, UsageError
 from .outputs import open_log
 from .progress import LiveProgress, PlainProgress, wants_live_panel
 from .records import EnqueueCounts
@@ -230,6 +230,11 @@ class _Display:
             self._log.close()
 
 
+def _check_wait(wait: float) -> None:
+    if not wait >= 0:  # NaN too
+        raise UsageError(f"--wait {wait:g}: give the seconds to wait for the store, 0 or more")
+
+
 def _run(
     input_path: Path | None, cfg: Config, out: str | None, dead: str | None,
     display: _Display, wait: float,
@@ -288,6 +293,7 @@ def run(
     """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
 
     def body() -> None:
+        _check_wait(wait)
         cfg = _config(
             db, config, provider=provider, base_url=base_url, model=model,
             concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
@@ -342,6 +348,7 @@ def resume(
     """Carry on with what is queued or was running when a run stopped; export outputs."""
 
     def body() -> None:
+        _check_wait(wait)
         cfg = _config(
             db, config, provider=provider, base_url=base_url, concurrency=concurrency,
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
@@ -461,7 +468,9 @@ def main() -> None:
 
 
 def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    # 130 for any signal, as for Ctrl-C and as `run` exits when a signal stops it (DESIGN.md's
+    # exit codes): a wrapper must not see 143 or 130 depending on when SIGTERM landed.
+    raise SystemExit(130)
 
 
 # Flags people try for the API key; aiq takes keys from the environment only.
