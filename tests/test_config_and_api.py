@@ -89,7 +89,9 @@ def test_plain_progress_lines_have_timestamps_and_no_ansi() -> None:
     show = PlainProgress(out, every_s=0)
     show(Progress(total=10, done=4, dead=1, retries=2, in_flight=3, tokens_in=5, tokens_out=6))
     line = out.getvalue()
-    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d done 4/10 \(50%\)", line)
+    assert re.match(
+        r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d done 4/10 · dead 1 · 50% finished", line
+    )
     assert "in flight 3" in line and "retries 2" in line and "dead 1" in line
     assert "\x1b[" not in line
 

@@ -20,11 +20,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+# typer's own copy of click (typer >= 0.26, pinned in pyproject.toml): the errors it raises.
+from typer._click.exceptions import Abort, ClickException, NoArgsIsHelpError, NoSuchOption
+
 from . import __version__, preflight, report, runner
 from .config import Config
-from .errors import AiqError
+from .errors import AiqError, UsageError
 from .outputs import open_log
-from .progress import LiveProgress, PlainProgress
+from .progress import LiveProgress, PlainProgress, wants_live_panel
 from .records import EnqueueCounts
 from .report import plural
 
@@ -163,10 +166,6 @@ def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
-def _fancy() -> bool:
-    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
-
-
 def _print_counts(path: Path, c: EnqueueCounts) -> None:
     sys.stderr.writelines(f"{line}\n" for line in report.input_warnings(path, c))
     print(f"{path}: {report.add_counts(c)} ({plural(c.jobs_added, 'new request')} to send)")
@@ -206,7 +205,8 @@ class _Display:
         self._log = open_log(log_file) if log_file else None
         shows: list[Any] = []
         if not (quiet or as_json):
-            shows.append(LiveProgress(_console()) if _fancy() else PlainProgress(sys.stderr))
+            live = wants_live_panel(sys.stdout.isatty(), os.environ)
+            shows.append(LiveProgress(_console()) if live else PlainProgress(sys.stderr))
         if self._log is not None:
             shows.append(PlainProgress(self._log))
         self._shows = shows
@@ -224,6 +224,7 @@ class _Display:
         self._write_log(lines)
 
     def summary(self, s: runner.RunSummary) -> None:
+        self._stop_shows()  # the panel's last frame first, then the summary under it
         lines = report.run_summary_lines(s)
         if self.as_json:
             print(json.dumps(report.run_summary_json(s)))
@@ -236,11 +237,20 @@ class _Display:
             stamp = datetime.now().astimezone().isoformat(timespec="seconds")
             self._log.writelines(f"{stamp} {line}\n" for line in lines)
 
-    def close(self) -> None:
-        for show in self._shows:
+    def _stop_shows(self) -> None:
+        shows, self._shows = self._shows, []
+        for show in shows:
             show.close()
+
+    def close(self) -> None:
+        self._stop_shows()
         if self._log is not None:
             self._log.close()
+
+
+def _check_wait(wait: float) -> None:
+    if not wait >= 0:  # NaN too
+        raise UsageError(f"--wait {wait:g}: give the seconds to wait for the store, 0 or more")
 
 
 def _run(
@@ -304,6 +314,7 @@ def run(
     """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
 
     def body() -> None:
+        _check_wait(wait)
         cfg = _config(
             db, config, provider=provider, base_url=base_url, model=model,
             concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
@@ -363,6 +374,7 @@ def resume(
     """Carry on with what is queued or was running when a run stopped; export outputs."""
 
     def body() -> None:
+        _check_wait(wait)
         cfg = _config(
             db, config, provider=provider, base_url=base_url, concurrency=concurrency,
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
@@ -469,8 +481,43 @@ def main() -> None:
     # SIGTERM (cron, systemd, a container stopping) ends a command as Ctrl-C does: files being
     # written are removed, not left half-done. `run` drains on it instead, while it works.
     signal.signal(signal.SIGTERM, _terminated)
-    app()
+    try:
+        # Not standalone: a usage error comes back here, to be printed as aiq prints errors
+        # (typer's own way is a rich box), and typer.Exit comes back as its exit code.
+        code = app(prog_name="aiq", standalone_mode=False)
+    except ClickException as exc:
+        code = _usage_error(exc)
+    except Abort:  # end of input at a prompt; aiq has none, but typer may raise it
+        print("error: aborted", file=sys.stderr)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    # 130 for any signal, as for Ctrl-C and as `run` exits when a signal stops it (DESIGN.md's
+    # exit codes): a wrapper must not see 143 or 130 depending on when SIGTERM landed.
+    raise SystemExit(130)
+
+
+# Flags people try for the API key; aiq takes keys from the environment only.
+_KEY_FLAGS = frozenset({"--api-key", "--key", "--openai-api-key", "--anthropic-api-key"})
+
+
+def _usage_error(exc: ClickException) -> int:
+    """Print a usage error as one ``error: …`` line with where to look; its exit code (2)."""
+    if isinstance(exc, NoArgsIsHelpError):  # bare `aiq`: the help is already printed
+        return exc.exit_code
+    if isinstance(exc, NoSuchOption) and exc.option_name in _KEY_FLAGS:
+        message = (
+            f"aiq takes no {exc.option_name}: it reads the key from $OPENAI_API_KEY "
+            "($ANTHROPIC_API_KEY with --provider anthropic, or the variable the config's "
+            "api_key_env names); it never takes a key on the command line, where shell "
+            "history and `ps` would show it"
+        )
+    else:
+        message = exc.format_message().rstrip(".")
+        message = message[:1].lower() + message[1:]
+    ctx = getattr(exc, "ctx", None)
+    hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+    print(f"error: {message}{hint}", file=sys.stderr)
+    return exc.exit_code

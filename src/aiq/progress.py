@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TextIO
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
 from rich.progress import BarColumn, TaskProgressColumn, TextColumn
 from rich.progress import Progress as Bar
-from rich.table import Table
+from rich.text import Text
 
 from .durations import duration_text
 from .worker import Progress, quoted
@@ -34,14 +35,24 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def summary_line(p: Progress) -> str:
-    """One line with every live figure, for logs."""
-    finished = p.done + p.dead
-    pct = 100.0 * finished / p.total if p.total else 100.0
+    """One line with every live figure, for logs. Its percentage is of jobs finished, done or
+    dead, as ``aiq status`` says it ("% finished")."""
+    pct = 100.0 * (p.done + p.dead) / p.total if p.total else 100.0
     return (
-        f"done {p.done}/{p.total} ({pct:.0f}%) · {p.rate_per_s:.1f}/s · eta {fmt_duration(p.eta_s)}"
-        f" · in flight {p.in_flight} · retries {p.retries} · dead {p.dead}"
+        f"done {p.done}/{p.total} · dead {p.dead} · {pct:.0f}% finished"
+        f" · {p.rate_per_s:.1f}/s · eta {fmt_duration(p.eta_s)}"
+        f" · in flight {p.in_flight} · retries {p.retries}"
         f" · tokens {p.tokens_in:,} in / {p.tokens_out:,} out{outage_note(p)}"
     )
+
+
+def wants_live_panel(isatty: bool, environ: Mapping[str, str]) -> bool:
+    """The live panel on a terminal, plain lines elsewhere (a pipe, a file, a dumb terminal).
+
+    ``NO_COLOR`` is no reason for plain lines: it asks for no colour (no-color.org), and rich
+    draws the panel without any when it is set.
+    """
+    return isatty and environ.get("TERM") != "dumb"
 
 
 def outage_note(p: Progress) -> str:
@@ -54,16 +65,16 @@ def outage_note(p: Progress) -> str:
 
 
 class PlainProgress:
-    """Timestamped lines every ``every_s`` seconds: for cron, CI logs and NO_COLOR."""
+    """Timestamped lines every ``every_s`` seconds: for cron, CI logs and --log-file."""
 
     def __init__(self, stream: TextIO = sys.stderr, *, every_s: float = 10.0) -> None:
         self._stream = stream
         self._every_s = every_s
-        self._last = 0.0
+        self._last: float | None = None  # the first line at once (monotonic may start near 0)
 
     def __call__(self, p: Progress) -> None:
         now = time.monotonic()
-        if now - self._last >= self._every_s:
+        if self._last is None or now - self._last >= self._every_s:
             self._last = now
             stamp = datetime.now().astimezone().isoformat(timespec="seconds")
             print(f"{stamp} {summary_line(p)}", file=self._stream, flush=True)
@@ -73,32 +84,78 @@ class PlainProgress:
 
 
 class LiveProgress:
-    """A rich live panel: bar, rate, ETA, in flight, retries, dead, tokens."""
+    """A rich live panel: the bar with rate and ETA over one line of counts.
+
+    Each line fits the terminal: rich narrows the bar, and the counts leave out the figures
+    least needed (tokens, then retries) rather than wrap.
+    """
 
     def __init__(self, console: Console) -> None:
-        self._bar = Bar(TextColumn("[bold]aiq"), BarColumn(), TaskProgressColumn(), expand=False)
-        self._task = self._bar.add_task("jobs", total=None)
+        self._bar = Bar(
+            TextColumn("[bold]aiq"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[figures]}"),
+            expand=False,
+        )
+        self._task = self._bar.add_task("jobs", total=None, figures="")
         self._live = Live(console=console, refresh_per_second=4, transient=False)
         self._live.start()
 
     def __call__(self, p: Progress) -> None:
-        self._bar.update(self._task, total=p.total or None, completed=p.done + p.dead)
-        grid = Table.grid(padding=(0, 2))
-        grid.add_row(self._bar)
-        stats = Table.grid(padding=(0, 3))
-        stats.add_row(
-            f"done [green]{p.done:,}[/]/{p.total:,}",
-            f"rate {p.rate_per_s:,.1f}/s",
-            f"eta {fmt_duration(p.eta_s)}",
-            f"in flight {p.in_flight}",
-            f"retries [yellow]{p.retries:,}[/]",
-            f"dead [red]{p.dead:,}[/]",
-            f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out",
+        figures = f"· {p.rate_per_s:,.1f}/s · eta {fmt_duration(p.eta_s)} · in flight {p.in_flight}"
+        self._bar.update(
+            self._task, total=p.total or None, completed=p.done + p.dead, figures=figures
         )
-        grid.add_row(stats)
+        counts = _OneLine(
+            [
+                Text.assemble("done ", (f"{p.done:,}", "green"), f"/{p.total:,}"),
+                Text.assemble("dead ", (f"{p.dead:,}", "red")),
+                Text.assemble("retries ", (f"{p.retries:,}", "yellow")),
+                Text(f"tokens {_short(p.tokens_in)} in / {_short(p.tokens_out)} out"),
+            ],
+            leave_out=(3, 2),  # the tokens first, then the retries
+        )
+        rows: list[RenderableType] = [self._bar, counts]
         if p.outage_s:
-            grid.add_row(f"[red]{outage_note(p).removeprefix(' · ')}[/]")
-        self._live.update(grid)
+            note = outage_note(p).removeprefix(" · ")
+            rows.append(Text(note, style="red", no_wrap=True, overflow="ellipsis"))
+        self._live.update(Group(*rows))
 
     def close(self) -> None:
         self._live.stop()
+
+
+class _OneLine:
+    """Parts joined by `` · `` on one line: those in ``leave_out`` are left out, in that order,
+    while the line is wider than the console; what still does not fit is cut with an ellipsis."""
+
+    def __init__(self, parts: list[Text], *, leave_out: tuple[int, ...]) -> None:
+        self._parts = parts
+        self._leave_out = leave_out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        shown = list(range(len(self._parts)))
+        line = self._join(shown)
+        for i in self._leave_out:
+            if line.cell_len <= options.max_width:
+                break
+            shown.remove(i)
+            line = self._join(shown)
+        line.no_wrap = True
+        line.overflow = "ellipsis"
+        yield line
+
+    def _join(self, shown: list[int]) -> Text:
+        return Text(" · ").join(self._parts[i] for i in shown)
+
+
+def _short(n: int) -> str:
+    """``12,345``; from 100,000 on ``123k``, ``4.6M``, ``1.2G``: a token count in few columns."""
+    if n < 100_000:
+        return f"{n:,}"
+    if n < 1_000_000:
+        return f"{n / 1e3:.0f}k"
+    if n < 1_000_000_000:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e9:.1f}G"

@@ -149,9 +149,10 @@ async def _add_file(config: Config, path: Path, out: str | None, dead: str | Non
 
 
 @contextlib.contextmanager
-def _no_store_left_on_bad_input(db: Path) -> Iterator[None]:
+def _no_store_left_on_bad_input(path: str | os.PathLike[str]) -> Iterator[None]:
     """A command that made a new store and then found no valid line to put in it removes the
     store again: a mistyped or garbage file must not leave one behind to be found later."""
+    db = Path(path)
     made_dir = not db.parent.exists()
     made = not db.exists()
     try:

@@ -30,6 +30,7 @@ from .store import JobStore
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
 _AHEAD = 8  # jobs kept claimed per sender: one in flight, the rest queued
 _IDLE_POLL_S = 1.0  # how often to look for retries coming due when all else is idle
+_RECOUNT_EVERY_S = 2.0  # how often the total is counted again (`aiq add` may add jobs meanwhile)
 # With several models' limiters, a job whose limiter would hold its sender longer than this
 # goes back to the store until its slot, and the sender takes the next job, so one model's
 # slow limit does not hold up the others (head-of-line blocking).
@@ -150,6 +151,7 @@ class Worker:
         # waking the store task early to ask again would only cost a commit.
         self._more_due = True
         self._probe_jobs: set[int] = set()  # jobs sent as the breaker's probe
+        self._recount_at = time.monotonic() + _RECOUNT_EVERY_S
 
     def stop(self) -> None:
         """Stop claiming; jobs in flight finish and are recorded (a drain)."""
@@ -191,6 +193,8 @@ class Worker:
                     return  # jobs still queued or held by the limiter are released by run()
                 await self._nap(_FLUSH_EVERY_S)
                 continue
+            if time.monotonic() >= self._recount_at:
+                await self._recount()
             worked = await self._cycle()
             if not self._claimed:  # nothing queued, waiting, in flight or unrecorded
                 due = await self._store.next_due_at()
@@ -199,6 +203,12 @@ class Worker:
                 await self._nap(min(max(0.0, due - time.time()), _IDLE_POLL_S))
             elif not worked or not self._cycle_due():
                 await self._nap(_FLUSH_EVERY_S)
+
+    async def _recount(self) -> None:
+        """The total follows the store's, which grows when `aiq add` enqueues during the run."""
+        self._recount_at = time.monotonic() + _RECOUNT_EVERY_S
+        p = self.progress
+        p.total = max(await self._store.count_jobs(), p.done + p.dead)
 
     def _cycle_due(self) -> bool:
         """Whether the senders need the store now: outcomes piled up, or the queue runs low."""
@@ -283,6 +293,8 @@ class Worker:
                 p.dead_now += 1
             elif o.next_at:  # a retry; a fatal error's job is requeued with no retry time
                 p.retries += 1
+        # A job added since the last count may be finished before the next: never done > total.
+        p.total = max(p.total, p.done + p.dead)
 
     # -- the sending side ----------------------------------------------------------------
 
