@@ -250,3 +250,14 @@ def test_a_metrics_file_in_a_missing_directory_is_refused(
     assert proc.returncode == 2
     assert "nodir" in proc.stderr and "does not exist" in proc.stderr
     assert not (tmp_path / "nodir").exists() and not server.requests
+
+
+def test_check_looks_where_the_store_sends(tmp_path: Path, server: FakeServer) -> None:
+    write_prompts(tmp_path / "f.jsonl", [("a", "hello")])
+    args = ["--base-url", server.base_url, "--model", "m"]
+    assert run_aiq("run", "f.jsonl", *args, cwd=tmp_path).returncode == 0
+    plain = run_aiq("check", cwd=tmp_path)  # no flags: the store's base URL, not OpenAI's
+    assert f"base URL {server.base_url}, model m" in plain.stdout, plain.stdout
+    other = run_aiq("check", "--provider", "simulated", cwd=tmp_path)
+    assert other.returncode == 2
+    assert any(line.startswith("FAIL store") for line in other.stdout.splitlines()), other.stdout

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from . import routing
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .errors import FatalProviderError, StoreError, UsageError
 from .pricing import DEFAULT_PRICES, PRICES_AS_OF, price_for
@@ -80,7 +81,8 @@ async def run_checks(
             for line in str(exc).splitlines()
         ]
         return CheckReport([*findings, Finding(WARN, "checks", "the rest need a valid config")])
-    findings = [_config_finding(config)]
+    config, routed = await _aim(config)
+    findings = [_config_finding(config), *routed]
     if config.provider == "simulated":
         findings.append(Finding(OK, "provider", "simulated: no key or network needed"))
     else:
@@ -285,6 +287,26 @@ def _price_finding(c: Config) -> Finding:
         f"{c.model}: ${price.input_per_m:g} in / ${price.output_per_m:g} out per 1M "
         f"tokens ({source}{note})",
     )
+
+
+async def _aim(config: Config) -> tuple[Config, list[Finding]]:
+    """The config as a run on this store would use it: aimed where its jobs go (see
+    routing.py), with a FAIL if the run would be refused for sending them elsewhere."""
+    if not config.db.exists():
+        return config, []
+    try:
+        store = await JobStore.open(config.db, readonly=True)
+    except StoreError:
+        return config, []  # the store's own finding says why
+    try:
+        with store.errors():
+            return await routing.aim(store, config), []
+    except UsageError as exc:
+        return config, [Finding(FAIL, "store", str(exc), "pass --reroute to the run, or --db")]
+    except StoreError:
+        return config, []
+    finally:
+        await store.close()
 
 
 async def _store_finding(db: Path) -> Finding:
