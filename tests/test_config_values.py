@@ -48,7 +48,7 @@ BAD = [
         "rpm",
         "fast",
         "'fast' is not a whole number; use a positive whole number of requests per minute",
-    ),  # noqa: E501
+    ),
     ("rpm", "yes", "true (a yes/no value) is not a whole number"),
     ("rpm", "-1", "-1 is not positive"),
     ("rpm", "500.5", "500.5 is not a whole number"),
@@ -56,7 +56,7 @@ BAD = [
         "tpm",
         "'200k'",
         "'200k' is not a whole number; use a positive whole number of tokens per minute",
-    ),  # noqa: E501
+    ),
     ("max_attempts", "0", "0 is not positive; use a positive whole number of attempts"),
     ("timeout", "0", "0 is not positive; use a number of seconds above 0"),
     ("timeout", "soon", "'soon' is not a number"),

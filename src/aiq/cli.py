@@ -148,7 +148,10 @@ def _guard(show_traceback: bool, fn: Callable[[], T]) -> T:
 
 
 def _config(db: Path | None, config: Path | None, **flags: Any) -> Config:
-    return Config.resolve(config_path=config, flags={"db": db, **flags})
+    cfg = Config.resolve(config_path=config, flags={"db": db, **flags})
+    if cfg.config_path is not None:  # ./aiq.yaml is read unasked: say so
+        print(f"config: {cfg.config_path}", file=sys.stderr)
+    return cfg
 
 
 def _console() -> Console:
@@ -159,12 +162,14 @@ def _fancy() -> bool:
     return sys.stdout.isatty() and "NO_COLOR" not in os.environ
 
 
-def _print_counts(path: Path, c: EnqueueCounts) -> None:
+def _print_counts(path: Path, c: EnqueueCounts, cfg: Config) -> None:
     for bad in c.bad_lines[:50]:
         print(f"invalid: {bad}", file=sys.stderr)
     if c.invalid > 50:
         print(f"invalid: … and {c.invalid - 50:,} more", file=sys.stderr)
     print(f"{path}: {report.add_counts(c)} ({plural(c.jobs_added, 'new request')} to send)")
+    if cfg.defaults:
+        print(report.defaults_line(c.defaults))
 
 
 @app.command()
@@ -183,7 +188,7 @@ def add(
     def body() -> None:
         cfg = _config(db, config, model=model, strict=strict or None)
         counts = asyncio.run(runner.add_file(cfg, file, out=out, dead=dead))
-        _print_counts(file, counts)
+        _print_counts(file, counts, cfg)
 
     _guard(traceback, body)
 

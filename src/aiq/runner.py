@@ -29,7 +29,7 @@ from .errors import (
     UsageError,
 )
 from .forecast import Forecast, Forecaster
-from .inputs import BadLine
+from .inputs import BadLine, count_defaults
 from .limiter import Limiters
 from .lock import StoreLock
 from .metrics import MetricsWriter
@@ -401,13 +401,16 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
                 store = await stack.enter_async_context(open_store(config, readonly=True))
             except StoreError as exc:
                 forecast.store_note = f"the store was not consulted: {exc}"
-        for batch in read_requests(path, config.defaults).batches(10_000):
+        reader = read_requests(path, config.defaults)
+        for batch in reader.batches(10_000):
             fresh = counter.add(batch)
             if store is not None and fresh:
                 done = await store.done_among([k for k, _ in fresh])
                 forecast.done_before += len(done)
                 fresh = [(k, r) for k, r in fresh if k not in done]
             counter.count(r for _, r in fresh)
+    if config.defaults:
+        forecast.defaults = count_defaults(reader.applied)
     if forecast.invalid and (config.strict or not forecast.valid):  # run would refuse it
         first = "\n".join(f"  {b}" for b in forecast.bad_lines[:5])
         why = (
