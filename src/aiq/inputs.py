@@ -19,7 +19,6 @@ frozen dataclass costs four times as much to build).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 import struct
@@ -82,7 +81,6 @@ DEFAULT_NAMES = {
     APPLIED_SYSTEM: "system",
     WITHHELD_TEMPERATURE: "temperature withheld",
 }
-_CEILINGS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _INSTRUCTION_ROLES = frozenset({"system", "developer"})
 
 
@@ -209,7 +207,14 @@ def is_reasoning_model(model: str) -> bool:
 
 
 _REASONING = re.compile(r"(?:o[1-9][0-9]*(?:-|$)|gpt-5(?!-chat)|codex-mini)")
-_is_reasoning = functools.lru_cache(maxsize=256)(is_reasoning_model)
+_REASONING_OF: dict[str, bool] = {}  # by model name: a file names a few, looked up per line
+
+
+def _remember_reasoning(model: str) -> bool:
+    if len(_REASONING_OF) > 10_000:  # a file naming a new model per line: stay bounded
+        _REASONING_OF.clear()
+    reasoning = _REASONING_OF[model] = is_reasoning_model(model)
+    return reasoning
 
 
 def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults, complete: bool) -> int:
@@ -232,18 +237,25 @@ def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults, complete: 
         return applied
     # The line's own fields are checked whatever the defaults.
     ceiling = False
-    for name in _CEILINGS:
-        if name in body:
-            _expect(body, name, (int,), "an integer")
-            ceiling = True
+    if "max_tokens" in body:
+        _expect(body, "max_tokens", (int,), "an integer")
+        ceiling = True
+    if "max_completion_tokens" in body:
+        _expect(body, "max_completion_tokens", (int,), "an integer")
+        ceiling = True
+    if endpoint == RESPONSES and "max_output_tokens" in body:
+        _expect(body, "max_output_tokens", (int,), "an integer")
     if "temperature" in body:
         _expect(body, "temperature", (int, float), "a number")
     if complete:
         return applied
     # Only chat and prompt lines (chat completions) from here.
-    reasoning = (d.max_tokens is not None or d.temperature is not None) and _is_reasoning(
-        body["model"]
-    )
+    reasoning: bool | None = False
+    if d.max_tokens is not None or d.temperature is not None:
+        model = body["model"]
+        reasoning = _REASONING_OF.get(model)
+        if reasoning is None:
+            reasoning = _remember_reasoning(model)
     if d.max_tokens is not None and not ceiling:
         if reasoning:  # what the config's ceiling means to them (reasoning tokens included)
             body["max_completion_tokens"] = d.max_tokens
