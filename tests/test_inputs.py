@@ -91,7 +91,7 @@ def test_completions_endpoint(tmp_path: Path) -> None:
     req = only(write(tmp_path, json.dumps(line)), Defaults(model="m", max_tokens=9))
     assert isinstance(req, Request)
     assert req.endpoint == COMPLETIONS
-    assert body(req) == {"prompt": "x", "model": "y", "max_tokens": 9}
+    assert body(req) == {"prompt": "x", "model": "y"}  # a complete request: no max_tokens added
 
 
 def test_request_keeps_the_stripped_original_line(tmp_path: Path) -> None:
@@ -101,11 +101,16 @@ def test_request_keeps_the_stripped_original_line(tmp_path: Path) -> None:
     assert req.line == raw.strip().encode()
 
 
-def test_missing_custom_id_is_derived_from_the_key(tmp_path: Path) -> None:
-    a, b, c = read(write(tmp_path, '{"prompt": "hi"}', '{ "prompt" : "hi" }', '{"prompt": "ho"}'))
+def test_missing_custom_id_is_the_line_number(tmp_path: Path) -> None:
+    lines = ['{"prompt": "hi"}', "", '{ "prompt" : "hi" }', '{"prompt": "ho"}']
+    a, b, c = read(write(tmp_path, *lines))
     assert isinstance(a, Request) and isinstance(b, Request) and isinstance(c, Request)
-    assert a.derived_id and a.custom_id == "k-" + a.key.hex()[:24]
-    assert a.custom_id == b.custom_id != c.custom_id  # the same request is not a duplicate
+    assert a.derived_id and (a.custom_id, b.custom_id, c.custom_id) == (
+        "line-1",
+        "line-3",
+        "line-4",
+    )
+    assert a.key == b.key != c.key  # the same request: one call, a result line each
 
 
 def test_custom_id_null_counts_as_missing(tmp_path: Path) -> None:
@@ -448,14 +453,9 @@ def test_idset_ignores_matches_across_entries() -> None:
     assert first in ids and second in ids and len(ids) == 2
 
 
-def test_responses_lines_get_their_own_names_for_the_defaults(tmp_path: Path) -> None:
+def test_responses_lines_take_only_the_model_default(tmp_path: Path) -> None:
     line = '{"url": "/v1/responses", "body": {"input": "hi"}}'
-    req = only(write(tmp_path, line), Defaults(model="m", max_tokens=64, system="be brief"))
+    d = Defaults(model="m", max_tokens=64, temperature=0.5, system="be brief")
+    req = only(write(tmp_path, line), d)
     assert isinstance(req, Request) and req.endpoint == "/v1/responses"
-    body = json.loads(req.body)
-    assert body == {
-        "model": "m",
-        "input": "hi",
-        "max_output_tokens": 64,
-        "instructions": "be brief",
-    }
+    assert json.loads(req.body) == {"model": "m", "input": "hi"}

@@ -53,6 +53,7 @@ def _prompts(n: int, *, every: int, marker: str, tag: str) -> list[tuple[str, st
 
 
 def _outputs_args(tmp_path: Path) -> list[str]:
+    (tmp_path / "metrics").mkdir(exist_ok=True)  # a metrics file's directory must exist
     return [
         "--log-file", str(tmp_path / "logs" / "aiq.log"),
         "--metrics-file", str(tmp_path / "metrics" / "aiq.prom"),

@@ -70,7 +70,7 @@ def prepare(lines: list[Request | BadLine] | None) -> Batch | None:
         if isinstance(req, BadLine):
             bad.append(req)
             continue
-        line_no, custom_id, endpoint, body, key, line, _derived, ck = req
+        line_no, custom_id, endpoint, body, key, line, _derived, ck, _applied = req
         jk = _K64.unpack_from(key)[0]  # k64(key), inlined: hot path
         # bytearray, not bytes: sqlite3 binds it directly, while a bytes parameter goes
         # through its adapter lookup first (~640 ns against ~95, three times a line, in the

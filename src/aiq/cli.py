@@ -159,16 +159,21 @@ def _guard(show_traceback: bool, fn: Callable[[], T]) -> T:
 
 
 def _config(db: Path | None, config: Path | None, **flags: Any) -> Config:
-    return Config.resolve(config_path=config, flags={"db": db, **flags})
+    cfg = Config.resolve(config_path=config, flags={"db": db, **flags})
+    if cfg.config_path is not None:  # ./aiq.yaml is read unasked: say so
+        print(f"config: {cfg.config_path}", file=sys.stderr)
+    return cfg
 
 
 def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
-def _print_counts(path: Path, c: EnqueueCounts) -> None:
+def _print_counts(path: Path, c: EnqueueCounts, cfg: Config) -> None:
     sys.stderr.writelines(f"{line}\n" for line in report.input_warnings(path, c))
     print(f"{path}: {report.add_counts(c)} ({plural(c.jobs_added, 'new request')} to send)")
+    if cfg.defaults:
+        print(report.defaults_line(c.defaults))
 
 
 @app.command()
@@ -188,7 +193,7 @@ def add(
         cfg = _config(db, config, model=model, strict=strict or None)
         new = not cfg.db.exists()
         counts = asyncio.run(runner.add_file(cfg, file, out=out, dead=dead))
-        _print_counts(file, counts)
+        _print_counts(file, counts, cfg)
         if new:  # a mistyped --db would otherwise start a store quietly
             print(f"new store at {cfg.db}", file=sys.stderr)
         raise typer.Exit(counts.exit_code)  # 6: lines were skipped, 7: the file was empty

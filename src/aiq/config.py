@@ -18,10 +18,10 @@ import yaml
 
 from .errors import UsageError
 from .inputs import Defaults
-from .pricing import Price, parse_prices, price_table
+from .pricing import Price, price_table
 from .records import Target
+from .settings import SETTINGS, check_setting
 
-PROVIDERS = ("openai", "anthropic", "simulated")
 DEFAULT_DB = Path(".aiq") / "aiq.db"
 DEFAULT_CONFIG = Path("aiq.yaml")
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -69,17 +69,25 @@ class Config:
     metrics_file: str | None = None  # Prometheus textfile, rewritten during and after a run
     order: str = "done"
     strict: bool = False
-    # Send the store's unfinished jobs to a provider or base URL other than the one they were
-    # enqueued for (runner refuses that otherwise).
-    reroute: bool = False
     simulated_latency_s: float = 0.5
     simulated_error_rate: float = 0.05
+    # Send the store's unfinished jobs to a provider or base URL other than the one they were
+    # enqueued for (routing.py refuses that otherwise).
+    reroute: bool = False
+    # Not a setting: the config file resolve() read, if any, for the CLI to say so.
+    config_path: Path | None = None
     # What resolve() was given, so the config can be resolved again over a store's Target.
     origin: _Origin | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.provider not in PROVIDERS:
-            raise UsageError(f"provider {self.provider!r}: use one of {', '.join(PROVIDERS)}")
+        problems = []
+        for name in SETTINGS:
+            try:
+                object.__setattr__(self, name, check_setting(name, getattr(self, name)))
+            except ValueError as exc:
+                problems.append(f"{name}: {exc}")
+        if problems:
+            raise UsageError("\n".join(problems))
         if self.provider == "anthropic":
             # Built in code with only the provider named: Anthropic's own defaults, as
             # resolve() gives them, not OpenAI's.
@@ -87,43 +95,16 @@ class Config:
                 object.__setattr__(self, "base_url", ANTHROPIC_BASE_URL)
             if self.api_key_env == DEFAULT_KEY_ENV:
                 object.__setattr__(self, "api_key_env", ANTHROPIC_KEY_ENV)
-        if isinstance(self.concurrency, str):
-            try:
-                parsed: int | str = (
-                    self.concurrency if self.concurrency == "auto" else int(self.concurrency)
-                )
-            except ValueError:
+            if self.temperature is not None and self.temperature > 1:
                 raise UsageError(
-                    f"concurrency must be a number or 'auto', got {self.concurrency!r}"
-                ) from None
-            object.__setattr__(self, "concurrency", parsed)
-        if self.max_outage_s <= 0:
-            raise UsageError(f"max_outage must be positive, got {self.max_outage_s}")
-        for name in ("max_concurrency", "max_attempts"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("rpm", "tpm"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise UsageError(f"{name} must be positive, got {value}")
-        if isinstance(self.concurrency, int) and self.concurrency < 1:
-            raise UsageError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.max_runtime_s is not None and self.max_runtime_s <= 0:
-            raise UsageError(f"max_runtime must be positive, got {self.max_runtime_s}")
-        if self.max_cost_usd is not None and self.max_cost_usd <= 0:
-            raise UsageError(f"max_cost must be positive, got {self.max_cost_usd}")
-        if not isinstance(self.prices, Mapping) or not all(
-            isinstance(p, Price) for p in self.prices.values()
-        ):
-            try:
-                object.__setattr__(self, "prices", parse_prices(self.prices))
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        object.__setattr__(self, "model_limits", _model_limits(self.model_limits))
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise UsageError("timeouts must be positive")
-        if self.order not in ("done", "input"):
-            raise UsageError(f"order {self.order!r}: use 'done' or 'input'")
+                    f"temperature: {self.temperature:g} is above 1, the most Anthropic takes; "
+                    "use a number from 0 to 1 with provider anthropic"
+                )
+        if self.backoff_base_s > self.backoff_cap_s:
+            raise UsageError(
+                f"backoff_base_s: {self.backoff_base_s:g} is above backoff_cap_s "
+                f"({self.backoff_cap_s:g}); use a base no larger than the cap"
+            )
 
     @property
     def fixed_concurrency(self) -> int | None:
@@ -170,44 +151,57 @@ class Config:
         stored: Target | None = None,
     ) -> Config:
         """Merge defaults < the store's Target < YAML file < environment < flags (flags of
-        None are unset). ``stored`` counts only while the file, environment and flags name no
-        other provider: a store's base URL means nothing to another provider."""
+        None are unset). ``stored`` counts only while the file and flags name no other
+        provider: a store's base URL means nothing to another provider.
+
+        Every value given is checked against SETTINGS, overridden or not (a bad file is a bad
+        file), and every bad one is reported at once with where it came from: the file and
+        key, the variable, or the flag. ``config_path`` of the result is the file read, if any.
+        """
         origin = _Origin(config_path, env, dict(flags or {}))
         env = os.environ if env is None else env
-        values: dict[str, Any] = {}
         path = config_path if config_path is not None else _default_config_path()
-        file_values = _read_yaml(path) if path is not None else {}
+        file_values, spelled = _read_yaml(path) if path is not None else ({}, {})
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+
+        def put(name: str, value: Any, where: str) -> None:
+            try:
+                values[name] = check_setting(name, value)
+            except ValueError as exc:
+                problems.append(f"{where}: {exc}")
+
         if stored is not None:
             chosen = (flags or {}).get("provider") or file_values.get("provider")
             if chosen in (None, stored.provider):
-                layer = {k: v for k, v in stored.as_dict().items() if v is not None}
-                file_values = {**layer, **file_values}
-        values.update(file_values)
-        if "OPENAI_BASE_URL" in env:
-            values["base_url"] = env["OPENAI_BASE_URL"]
-        if "AIQ_DB" in env:
-            values["db"] = env["AIQ_DB"]
+                for name, value in stored.as_dict().items():
+                    if value is not None:
+                        put(name, value, f"{name} recorded in the store")
+        for name, value in file_values.items():
+            put(name, value, f"{path}: {spelled[name]}")
+        file_url = values.get("base_url")
+        for var, name in (("OPENAI_BASE_URL", "base_url"), ("AIQ_DB", "db")):
+            if var in env:
+                put(name, env[var], f"${var}")
         set_flags = {k: v for k, v in (flags or {}).items() if v is not None}
-        values.update(set_flags)
+        for name, value in set_flags.items():
+            put(name, value, _flag_name(name))
         if values.get("provider") == "simulated":
             if "base_url" not in set_flags:
                 values["base_url"] = SIMULATED_BASE_URL
             values.setdefault("model", SIMULATED_MODEL)
-        elif values.get("provider") == "anthropic":
+        elif values.get("provider") == "anthropic" and "base_url" not in set_flags:
             # OPENAI_BASE_URL is not for Anthropic; its SDK reads ANTHROPIC_BASE_URL.
-            if "base_url" not in set_flags:
-                default = file_values.get("base_url", ANTHROPIC_BASE_URL)
-                values["base_url"] = env.get("ANTHROPIC_BASE_URL", default)
+            values["base_url"] = file_url or ANTHROPIC_BASE_URL
+            if "ANTHROPIC_BASE_URL" in env:
+                put("base_url", env["ANTHROPIC_BASE_URL"], "$ANTHROPIC_BASE_URL")
+        if values.get("provider") == "anthropic":
             values.setdefault("api_key_env", ANTHROPIC_KEY_ENV)
+        if problems:
+            raise UsageError("\n".join(problems))
         key_env = values.get("api_key_env", DEFAULT_KEY_ENV)
         values["api_key"] = env.get(key_env) or None
-        if "db" in values:
-            values["db"] = Path(values["db"])
-        values["origin"] = origin
-        try:
-            return cls(**values)
-        except TypeError as exc:  # a YAML value of the wrong type
-            raise UsageError(f"config: {exc}") from None
+        return cls(**values, config_path=path, origin=origin)
 
     def with_(self, **changes: Any) -> Config:
         """A copy with some fields changed."""
@@ -221,25 +215,7 @@ class _Origin:
     flags: Mapping[str, Any]
 
 
-def _model_limits(value: Any) -> dict[str, tuple[int | None, int | None]]:
-    """``{model: {rpm: N, tpm: N}}`` from the config file (or already parsed) as tuples."""
-    if not isinstance(value, Mapping):
-        raise UsageError("model_limits: expected a mapping of model: {rpm: N, tpm: N}")
-    out: dict[str, tuple[int | None, int | None]] = {}
-    for model, limits in value.items():
-        if isinstance(limits, tuple):
-            out[str(model)] = limits
-            continue
-        if not isinstance(limits, Mapping) or set(limits) - {"rpm", "tpm"}:
-            raise UsageError(f"model_limits: {model}: expected {{rpm: N, tpm: N}}, got {limits!r}")
-        for key, n in limits.items():
-            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-                raise UsageError(f"model_limits: {model}: {key} must be a positive whole number")
-        out[str(model)] = (limits.get("rpm"), limits.get("tpm"))
-    return out
-
-
-_FILE_KEYS = {f.name for f in fields(Config)} - {"api_key", "origin", "reroute"}
+_FILE_KEYS = {f.name for f in fields(Config)} - {"api_key", "config_path", "origin", "reroute"}
 _ALIASES = {
     "timeout": "timeout_s",
     "connect_timeout": "connect_timeout_s",
@@ -254,7 +230,14 @@ def _default_config_path() -> Path | None:
     return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _flag_name(name: str) -> str:
+    """The flag that sets a field: ``timeout_s`` is ``--timeout``."""
+    spelled = next((alias for alias, n in _ALIASES.items() if n == name), name)
+    return "--" + spelled.replace("_", "-")
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The file's settings by field name, and each one's key as the file spells it."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -262,10 +245,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot read config ({exc})") from None
     if data is None:
-        return {}
+        return {}, {}
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping of settings at the top level")
     out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     unknown: list[str] = []  # every one at once: fixing them one run at a time is tedious
     for key, value in data.items():
         name = _ALIASES.get(key, key)
@@ -274,7 +258,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             unknown.append(f"{path}: unknown setting {key!r}{hint}")
         else:
-            out[name] = value
+            out[name], spelled[name] = value, str(key)
     if unknown:
         raise UsageError("\n".join(unknown))
-    return out
+    return out, spelled

@@ -68,6 +68,8 @@ class Forecast:
     invalid: int = 0  # invalid lines
     bad_lines: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD_LINES
     models: dict[str | None, ModelForecast] = field(default_factory=dict)
+    # Valid lines per default they took ({"model": 12, ...}); None when the config sets none.
+    defaults: dict[str, int] | None = None
 
     @property
     def requests(self) -> int:
@@ -137,6 +139,7 @@ class Forecast:
             "bottleneck": self.bottleneck,
             "models": [m.as_dict() for m in self.models.values()],
             "bad_lines": [str(b) for b in self.bad_lines],
+            "defaults_applied": self.defaults,
         }
 
 

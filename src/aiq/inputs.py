@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -34,8 +35,10 @@ if TYPE_CHECKING:
 KEY_TAG = b"aiq-key-v1\n"
 # Bump when validation or defaulting changes: files added before are then read again in
 # full rather than resumed after the prefix the store remembers.
-# 2: Message Batches lines, refused before, are valid. 3: /v1/responses lines too.
-RULES_VERSION = "3"
+# 2: Message Batches lines, refused before, are valid. 3: /v1/responses lines too. 4: lines
+# without a custom_id are named line-N; defaults skip complete requests, lines that say the
+# same another way and models that refuse them.
+RULES_VERSION = "4"
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -63,6 +66,37 @@ _KEY_HEADS = {e: hashlib.sha256(KEY_TAG + e.encode() + b"\n") for e in (*ENDPOIN
 _loads, _dumps, _blake2b, _new_tuple = orjson.loads, orjson.dumps, hashlib.blake2b, tuple.__new__
 
 
+# Which defaults a line took (Request.applied), as bits, for `add` and `--dry-run` to count.
+APPLIED_MODEL = 1
+APPLIED_MAX_TOKENS = 2
+APPLIED_MAX_COMPLETION_TOKENS = 4  # the config's max_tokens, for a reasoning model
+APPLIED_TEMPERATURE = 8
+APPLIED_SYSTEM = 16
+WITHHELD_TEMPERATURE = 32  # the config's temperature, not added: a reasoning model refuses it
+DEFAULT_NAMES = {
+    APPLIED_MODEL: "model",
+    APPLIED_MAX_TOKENS: "max_tokens",
+    APPLIED_MAX_COMPLETION_TOKENS: "max_tokens (as max_completion_tokens)",
+    APPLIED_TEMPERATURE: "temperature",
+    APPLIED_SYSTEM: "system",
+    WITHHELD_TEMPERATURE: "temperature withheld",
+}
+_INSTRUCTION_ROLES = frozenset({"system", "developer"})
+
+
+def count_defaults(masks: Sequence[int]) -> dict[str, int]:
+    """Lines per default (DEFAULT_NAMES), from ``masks[bits]``: lines that took those bits."""
+    counts = dict.fromkeys(DEFAULT_NAMES.values(), 0)
+    for bits, lines in enumerate(masks):
+        for bit, name in DEFAULT_NAMES.items():
+            if bits & bit:
+                counts[name] += lines
+    return {name: n for name, n in counts.items() if n}
+
+
+MASKS = 64  # the distinct values of Request.applied
+
+
 @dataclass(frozen=True, slots=True)
 class Defaults:
     """Body defaults from config and flags, applied to lines that leave them out."""
@@ -71,6 +105,10 @@ class Defaults:
     max_tokens: int | None = None
     temperature: float | None = None
     system: str | None = None
+
+    def __bool__(self) -> bool:
+        """Whether any default is set."""
+        return any(v is not None for v in astuple(self))
 
 
 class Request(NamedTuple):
@@ -82,8 +120,9 @@ class Request(NamedTuple):
     body: bytes  # canonical JSON, exactly what is sent
     key: bytes  # 32-byte sha256 digest
     line: bytes  # the original line, stripped, for dead letters
-    derived_id: bool  # custom_id was derived from the key (the line had none)
+    derived_id: bool  # the line had no custom_id: it is named by its number, line-N
     id_hash: int  # custom_id_hash(custom_id), the store's short id for the item
+    applied: int  # which defaults the line took: APPLIED_* bits (and WITHHELD_TEMPERATURE)
 
 
 # Invalid lines kept with their reasons, for reports (which show the first 50); the rest are
@@ -156,39 +195,86 @@ def _check_messages(messages: Any, field: str) -> None:
             raise LineError(f"field {field}[{i}]: expected an object with a string 'role'")
 
 
-def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults) -> None:
+def is_reasoning_model(model: str) -> bool:
+    """Whether ``model`` is one of OpenAI's reasoning models (o1, o3, o4-mini, gpt-5 …).
+
+    They reject ``max_tokens`` (they take ``max_completion_tokens``, which counts the reasoning
+    tokens too) and any ``temperature`` but the default, unless told ``reasoning_effort:
+    "none"`` (gpt-5.1 on). ``gpt-5-chat-*`` is not one. A gateway's ``openai/`` prefix and a
+    fine-tune's ``ft:`` are looked through.
+    """
+    return _REASONING.match(model.rsplit("/", 1)[-1].removeprefix("ft:")) is not None
+
+
+_REASONING = re.compile(r"(?:o[1-9][0-9]*(?:-|$)|gpt-5(?!-chat)|codex-mini)")
+_REASONING_OF: dict[str, bool] = {}  # by model name: a file names a few, looked up per line
+
+
+def _remember_reasoning(model: str) -> bool:
+    if len(_REASONING_OF) > 10_000:  # a file naming a new model per line: stay bounded
+        _REASONING_OF.clear()
+    reasoning = _REASONING_OF[model] = is_reasoning_model(model)
+    return reasoning
+
+
+def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults, complete: bool) -> int:
+    """Fill in what the line leaves out; returns which defaults it took (APPLIED_* bits).
+
+    A default is never added where the line says the same thing another way, nor where the
+    model does not take it. A complete request (a Batch API or Message Batches line) takes
+    the model at most: it is what the same file would send through those APIs, answers and
+    dedup keys alike, so the config's max_tokens, temperature and system are not added to it.
+    """
+    applied = 0
     if "model" in body:
         _expect(body, "model", (str,), "a string")
     elif d.model is not None:
         body["model"] = d.model
+        applied = APPLIED_MODEL
     else:
         raise LineError("field 'model': missing; give --model or set `model` in the config")
     if endpoint == EMBEDDINGS:
-        return
-    if endpoint == RESPONSES:  # its own names for the output ceiling and the system prompt
-        if "max_output_tokens" in body:
-            _expect(body, "max_output_tokens", (int,), "an integer")
-        elif d.max_tokens is not None:
-            body["max_output_tokens"] = d.max_tokens
-        if d.temperature is not None:
-            body.setdefault("temperature", d.temperature)
-        if d.system is not None:
-            body.setdefault("instructions", d.system)
-        return
+        return applied
+    # The line's own fields are checked whatever the defaults.
+    ceiling = False
     if "max_tokens" in body:
         _expect(body, "max_tokens", (int,), "an integer")
-    elif d.max_tokens is not None:
-        body["max_tokens"] = d.max_tokens
+        ceiling = True
+    if "max_completion_tokens" in body:
+        _expect(body, "max_completion_tokens", (int,), "an integer")
+        ceiling = True
+    if endpoint == RESPONSES and "max_output_tokens" in body:
+        _expect(body, "max_output_tokens", (int,), "an integer")
     if "temperature" in body:
         _expect(body, "temperature", (int, float), "a number")
-    elif d.temperature is not None:
-        body["temperature"] = d.temperature
-    if endpoint == MESSAGES and d.system is not None:
-        body.setdefault("system", d.system)
-    elif endpoint == CHAT and d.system is not None:
+    if complete:
+        return applied
+    # Only chat and prompt lines (chat completions) from here.
+    reasoning: bool | None = False
+    if d.max_tokens is not None or d.temperature is not None:
+        model = body["model"]
+        reasoning = _REASONING_OF.get(model)
+        if reasoning is None:
+            reasoning = _remember_reasoning(model)
+    if d.max_tokens is not None and not ceiling:
+        if reasoning:  # what the config's ceiling means to them (reasoning tokens included)
+            body["max_completion_tokens"] = d.max_tokens
+            applied |= APPLIED_MAX_COMPLETION_TOKENS
+        else:
+            body["max_tokens"] = d.max_tokens
+            applied |= APPLIED_MAX_TOKENS
+    if d.temperature is not None and "temperature" not in body:
+        if reasoning and body.get("reasoning_effort") != "none":
+            applied |= WITHHELD_TEMPERATURE
+        else:
+            body["temperature"] = d.temperature
+            applied |= APPLIED_TEMPERATURE
+    if d.system is not None:
         messages = body["messages"]
-        if not any(m.get("role") == "system" for m in messages):
+        if not any(m.get("role") in _INSTRUCTION_ROLES for m in messages):
             body["messages"] = [{"role": "system", "content": d.system}, *messages]
+            applied |= APPLIED_SYSTEM
+    return applied
 
 
 def _split_envelope(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -227,18 +313,19 @@ def _split_params(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return MESSAGES, body
 
 
-def _split(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(endpoint, body) of a line of any shape, custom_id already taken out; raises LineError.
+def _split(obj: dict[str, Any]) -> tuple[str, dict[str, Any], bool]:
+    """(endpoint, body, whether the line is a complete request) of a line of any shape,
+    custom_id already taken out; raises LineError.
 
     ``obj`` is the caller's own fresh object: it becomes the body rather than being copied.
     """
     if "body" in obj or "url" in obj:
-        return _split_envelope(obj)
+        return (*_split_envelope(obj), True)
     if "params" in obj:
-        return _split_params(obj)
+        return (*_split_params(obj), True)
     if "messages" in obj:
         _check_messages(obj["messages"], "messages")
-        return CHAT, obj
+        return CHAT, obj, False
     prompt = obj.pop("prompt", _MISSING)
     if prompt is _MISSING:
         raise LineError("no 'messages', 'prompt' or 'body': not a chat, prompt or Batch API line")
@@ -251,7 +338,7 @@ def _split(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             raise LineError(f"field 'system': expected a string, got {_kind(system)}")
         messages.insert(0, {"role": "system", "content": system})
     obj["messages"] = messages
-    return CHAT, obj
+    return CHAT, obj, False
 
 
 def parse_line(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None = None) -> Request:
@@ -270,21 +357,35 @@ def parse_line(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None 
     custom_id = obj.pop("custom_id", None)
     if custom_id is not None and (type(custom_id) is not str or not custom_id):
         raise LineError(f"field 'custom_id': expected a non-empty string, got {_kind(custom_id)}")
-    endpoint, body = _split(obj)
-    _apply_defaults(endpoint, body, defaults)
+    endpoint, body, complete = _split(obj)
+    applied = _apply_defaults(endpoint, body, defaults, complete)
     data = bytes(memoryview(_dumps(body, option=orjson.OPT_SORT_KEYS)))  # see canonical()
     hasher = _KEY_HEADS[endpoint].copy()
     hasher.update(data)
     key = hasher.digest()
     derived = custom_id is None
     if derived:
-        custom_id = "k-" + key.hex()[:24]
+        # Its line number: what a user can join results on, stable as the file grows. Identical
+        # lines still share one request (the key), each with its own result line.
+        custom_id = f"line-{line_no}"
     id_digest = _blake2b(custom_id.encode(), digest_size=8).digest()
     # Hashes, not strings: a false "appears twice" needs a 64-bit hash collision.
-    if seen is not None and not derived and not seen.add(id_digest):
-        raise LineError(f"custom_id {custom_id!r} appears twice")
+    if seen is not None and not seen.add(id_digest):
+        raise LineError(_twice(custom_id, derived))
     id_hash = _ID_KEY.unpack(id_digest)[0]
-    return _new_tuple(Request, (line_no, custom_id, endpoint, data, key, raw, derived, id_hash))
+    return _new_tuple(
+        Request, (line_no, custom_id, endpoint, data, key, raw, derived, id_hash, applied)
+    )
+
+
+def _twice(custom_id: str, derived: bool) -> str:
+    if derived:
+        return (
+            f"no custom_id, and {custom_id!r}, the one it would get, is an earlier line's; "
+            "give this line a custom_id"
+        )
+    named = " (lines without a custom_id are named line-N)" if custom_id.startswith("line-") else ""
+    return f"custom_id {custom_id!r} appears twice{named}"
 
 
 def _json_error(raw: bytes, exc: orjson.JSONDecodeError) -> str:

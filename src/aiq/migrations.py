@@ -119,4 +119,23 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE jobs ADD COLUMN sent_at REAL;
         """,
     ),
+    (
+        # Lines without a custom_id were named after their request, k-<first 24 hex digits of
+        # the job key>, so identical lines shared one item and one result line, and a result
+        # could not be joined back to its line. They are named line-<line number> now: the
+        # items named the old way are renamed (an item named so by the user's own line is too,
+        # as its name matches the key only if copied from aiq's output: not worth a scan of
+        # the file). An identical line that had no item of its own gets one at the next add,
+        # which reads the whole file again (inputs.RULES_VERSION 4). OR IGNORE: a line-N the
+        # user gave another line of the same file keeps it, and the old name stays.
+        "0005_line_ids",
+        """
+        UPDATE OR IGNORE items
+        SET custom_id = 'line-' || line_no, ck = aiq_custom_id_hash('line-' || line_no)
+        WHERE custom_id GLOB 'k-*' AND length(custom_id) = 26
+          AND substr(custom_id, 3) = (
+            SELECT lower(hex(substr(j.key, 1, 12))) FROM jobs j WHERE j.k64 = items.job_k64
+          );
+        """,
+    ),
 ]

@@ -9,6 +9,7 @@ no price: its cost is unknown (None), never 0, so a report cannot understate a b
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,19 +84,19 @@ def price_for(model: str | None, table: Mapping[str, Price]) -> Price | None:
 def parse_prices(raw: object) -> dict[str, Price]:
     """The config's ``prices:`` mapping, ``{model: {input: X, output: Y}}``, validated.
 
-    Raises ValueError with what is wrong and how to write it.
+    Raises ValueError saying what is wrong (the caller adds how to write it).
     """
-    how = "write prices as {model: {input: USD per 1M tokens, output: USD per 1M tokens}}"
     if not isinstance(raw, Mapping):
-        raise ValueError(f"prices: expected a mapping of models; {how}")
+        raise ValueError("it is not a mapping of models")
     out: dict[str, Price] = {}
     for model, entry in raw.items():
         if not isinstance(entry, Mapping) or set(entry) != {"input", "output"}:
-            raise ValueError(f"prices: {model!r}: {how}")
+            raise ValueError(f"{model}: {entry!r} is not {{input: USD, output: USD}}")
         values = [entry["input"], entry["output"]]
         if not all(
-            isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values
+            isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf
+            for v in values
         ):
-            raise ValueError(f"prices: {model!r}: input and output must be numbers >= 0")
+            raise ValueError(f"{model}: input and output must be numbers, 0 or more")
         out[str(model)] = Price(float(values[0]), float(values[1]))
     return out

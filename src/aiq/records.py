@@ -120,6 +120,9 @@ class EnqueueCounts:
     jobs_added: int = 0  # distinct new requests that will be sent
     valid: int = 0
     bad_lines: list[BadLine] = field(default_factory=list)  # the first KEEP_BAD_LINES
+    # Valid lines of the file per default they took ({"model": 12, ...}; inputs.count_defaults),
+    # when the lines came from read_requests.
+    defaults: dict[str, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

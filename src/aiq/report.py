@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .forecast import Forecast
+from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
 from .outputs import Export
 from .pricing import PRICES_AS_OF
 from .progress import fmt_duration
@@ -16,6 +17,7 @@ from .worker import Progress
 if TYPE_CHECKING:
     from .runner import RunSummary
 
+_WITHHELD = DEFAULT_NAMES[WITHHELD_TEMPERATURE]
 PRICES_NOTE = (
     f"prices: aiq's list prices as of {PRICES_AS_OF} unless the config sets `prices:`; "
     "they may be outdated, check your provider"
@@ -44,6 +46,8 @@ def forecast_lines(f: Forecast) -> list[str]:
     if f.dead_before:
         skipped.append(f"{f.dead_before:,} dead (sent again only after `aiq replay-dead`)")
     lines.append(f"{f.path}: {', '.join(skipped)} → {plural(f.requests, 'request')} to send")
+    if f.defaults is not None:
+        lines.append(defaults_line(f.defaults))
     if f.store_note:
         lines.append(f.store_note)
     width = max([len(str(m.model)) for m in f.models.values()] + [5])
@@ -201,6 +205,17 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
 def add_counts(c: EnqueueCounts) -> str:
     """What an add did with a file's lines: ``3 new, 0 known, 1 changed, 0 invalid``."""
     return f"{c.new:,} new, {c.known:,} known, {c.changed:,} changed, {c.invalid:,} invalid"
+
+
+def defaults_line(applied: dict[str, int]) -> str:
+    """Which config defaults how many lines took (``inputs.count_defaults``):
+    ``defaults applied: model to 12 lines, max_tokens to 12 lines``."""
+    withheld = applied.get(_WITHHELD, 0)
+    taken = [f"{name} to {plural(n, 'line')}" for name, n in applied.items() if name != _WITHHELD]
+    line = f"defaults applied: {', '.join(taken) or 'none'}"
+    if withheld:
+        line += f"; temperature not added to {plural(withheld, 'line')} (reasoning models)"
+    return line
 
 
 def export_lines(e: Export) -> list[str]:

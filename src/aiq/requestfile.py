@@ -25,6 +25,7 @@ from typing import IO, Any
 from .errors import InputError
 from .inputs import (
     KEEP_BAD_LINES,
+    MASKS,
     BadLine,
     Defaults,
     LineError,
@@ -59,6 +60,8 @@ class Prefix:
     ids: bytes = b""
     rules: str = ""  # fingerprint of the rules and defaults it was read under
     invalid: int = 0  # invalid lines, all of them (``bad`` keeps KEEP_BAD_LINES at most)
+    # applied[bits]: valid lines that took those defaults (inputs.APPLIED_*), for the counts
+    applied: list[int] = field(default_factory=lambda: [0] * MASKS)
 
     def same(self, other: Prefix | None) -> bool:
         """Whether ``other`` covers the same bytes read under the same rules (so holds the same)."""
@@ -182,6 +185,9 @@ class RequestFile:
         self.rules = rules_fingerprint(defaults)
         self.skipped: Prefix | None = None  # the prefix the last read() skipped, if any
         self.prefix: Prefix | None = None  # what the last complete read() went through
+        # applied[bits]: the valid lines of the whole file that took those defaults, once a
+        # read is exhausted (inputs.count_defaults names them)
+        self.applied: list[int] = [0] * MASKS
 
     def __iter__(self) -> Iterator[Request | BadLine]:
         return self.read()
@@ -219,6 +225,7 @@ class RequestFile:
                     [*after.bad],
                     rules=self.rules,
                     invalid=after.invalid,
+                    applied=[*after.applied],
                 )
                 return hasher, p, IdSet.from_bytes(after.ids)
             f.seek(0)
@@ -242,7 +249,9 @@ class RequestFile:
         with self._open() as f:
             hasher, p, seen = self._start(f, after)
             growing: Request | None = None  # an unterminated last line: it may still grow
-            name, defaults, bad, valid = self.name, self.defaults, p.bad, p.valid
+            name, defaults, bad, valid, applied = (
+                self.name, self.defaults, p.bad, p.valid, p.applied
+            )  # fmt: skip
             out: list[Request | BadLine] = []
             resumable = True  # False once _blocks skipped a line
             for block, whole in _blocks(f):
@@ -273,7 +282,8 @@ class RequestFile:
                         out.append(req)
                         if whole:
                             valid += 1
-                        elif not req.derived_id:
+                            applied[req.applied] += 1
+                        else:
                             growing = req
                     if len(out) >= size:
                         yield out
@@ -284,8 +294,10 @@ class RequestFile:
                     p.lines = line_no
             if out:
                 yield out
+            self.applied = [*applied]
             if growing is not None:
                 seen.discard(growing.id_hash.to_bytes(8, "big", signed=True))
+                self.applied[growing.applied] += 1
             p.valid = valid
             p.sha256 = hasher.digest()
             p.ids = seen.to_bytes()

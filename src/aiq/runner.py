@@ -32,7 +32,7 @@ from .errors import (
     UsageError,
 )
 from .forecast import Forecast, Forecaster
-from .inputs import BadLine
+from .inputs import BadLine, count_defaults
 from .limiter import Limiters
 from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
@@ -455,7 +455,8 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
                 store = await stack.enter_async_context(open_store(config, readonly=True))
             except StoreError as exc:
                 forecast.store_note = f"the store was not consulted: {exc}"
-        for batch in read_requests(path, config.defaults).batches(10_000):
+        reader = read_requests(path, config.defaults)
+        for batch in reader.batches(10_000):
             fresh = counter.add(batch)
             if store is not None and fresh:
                 finished = await store.finished_among([k for k, _ in fresh])
@@ -464,6 +465,8 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
                 forecast.dead_before += dead
                 fresh = [(k, r) for k, r in fresh if k not in finished]
             counter.count(r for _, r in fresh)
+    if config.defaults:
+        forecast.defaults = count_defaults(reader.applied)
     if forecast.invalid and (config.strict or not forecast.valid):  # run would refuse it
         first = "\n".join(f"  {b}" for b in forecast.bad_lines[:5])
         why = (

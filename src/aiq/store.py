@@ -20,7 +20,7 @@ import orjson
 
 from . import bulk
 from .errors import StoreError
-from .inputs import KEEP_BAD_LINES, BadLine, Request, custom_id_hash
+from .inputs import KEEP_BAD_LINES, BadLine, Request, count_defaults, custom_id_hash
 from .lock import make_store_dir
 from .migrations import MIGRATIONS
 from .records import (
@@ -134,6 +134,8 @@ class JobStore:
                 await db.execute(pragma)
             if readonly:
                 await db.execute("PRAGMA query_only = 1")
+            # For migrations that rename items (0005_line_ids).
+            await db.create_function("aiq_custom_id_hash", 1, custom_id_hash, deterministic=True)
             await store._migrate(readonly=readonly)
         except BaseException as exc:
             with suppress(sqlite3.Error):
@@ -311,6 +313,8 @@ class JobStore:
         counts.changed = repointed - repointed_before
         counts.new -= counts.changed  # the items upsert counted re-pointed rows too
         counts.known = counts.valid - counts.new - counts.changed
+        if reader is not None:
+            counts.defaults = count_defaults(reader.applied)
         return counts
 
     async def _start_enqueue(self, source: Source, wants_prefix: bool) -> tuple[Prefix | None, int]:
@@ -337,10 +341,14 @@ class JobStore:
             stored = {"invalid": len(stored), "lines": stored}
         bad_lines = [(n, why) for n, why in stored["lines"]]
         prefix = Prefix(size, sha256, lines, valid, bad_lines, ids, rules, stored["invalid"])
+        for bits, n in stored.get("applied", {}).items():
+            prefix.applied[int(bits)] = n
         return prefix, repointed
 
     async def _save_prefix(self, source: Source, p: Prefix) -> None:
-        bad = orjson.dumps({"invalid": p.invalid, "lines": p.bad})
+        # The defaults its lines took ride in the same JSON (no migration): {bits: lines}.
+        applied = {str(bits): n for bits, n in enumerate(p.applied) if n}
+        bad = orjson.dumps({"invalid": p.invalid, "lines": p.bad, "applied": applied})
         await self._db.execute(
             "INSERT OR REPLACE INTO prefixes (source_id, size, sha256, lines, valid, bad, ids, "
             "rules) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
