@@ -152,8 +152,10 @@ def test_an_outage_of_20_s_dead_letters_nothing_and_the_run_completes(tmp_path: 
     assert len(read_jsonl(tmp_path / "o.results.jsonl")) == n
     assert read_jsonl(tmp_path / "o.dead.jsonl") == []
     assert "provider down" in done.stderr  # the progress lines said what was going on
-    # The breaker held the run back: a few probes, not a retry storm, while it was down.
-    assert outage_calls < 60, outage_calls
+    # The breaker held the run back: a few probes, not a retry storm, while it was down (16
+    # in flight at the start, a few retries before the breaker opens, then probes; a storm
+    # would be hundreds). 68 were seen with the suite on three workers on two cores.
+    assert outage_calls < 100, outage_calls
 
 
 def test_a_provider_down_longer_than_max_outage_stops_the_run_resumably(tmp_path: Path) -> None:
