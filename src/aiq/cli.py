@@ -80,7 +80,14 @@ TpmOpt = Annotated[int | None, typer.Option("--tpm", help="Tokens per minute lim
 AttemptsOpt = Annotated[
     int | None, typer.Option("--max-attempts", help="Failed attempts before a job is dead.")
 ]
-TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="Read timeout, seconds.")]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        help="Longest a call may take, seconds (default 600); shorter per model once its "
+        "replies show how long they take.",
+    ),
+]
 OrderOpt = Annotated[
     str | None, typer.Option("--order", help="Results order: done (finish time) | input.")
 ]

@@ -54,7 +54,9 @@ class Config:
     rpm: int | None = None
     tpm: int | None = None
     max_attempts: int = 5
-    timeout_s: float = 120.0
+    # The longest a call may take (the official SDKs wait 600 s: long generations take
+    # minutes); shorter per model once its replies are seen (aiq.timeouts).
+    timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0

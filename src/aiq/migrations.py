@@ -138,4 +138,12 @@ MIGRATIONS: list[tuple[str, str]] = [
           );
         """,
     ),
+    (
+        # How many of a job's calls got no reply in time. Apart from its last error: a call
+        # cut short may still be billed by the provider, whatever became of the job after.
+        "0006_timeouts",
+        """
+        ALTER TABLE jobs ADD COLUMN timeouts INTEGER NOT NULL DEFAULT 0;
+        """,
+    ),
 ]

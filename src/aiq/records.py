@@ -107,6 +107,7 @@ class Outcome:
     latency_s: float | None = None
     model: str | None = None  # as the body named it; for cost per model
     cost_usd: float | None = None  # None: the model has no price
+    timed_out: bool = False  # no reply in time: the provider may still bill the call
 
 
 @dataclass(slots=True)
@@ -219,6 +220,7 @@ class Stats:
     not_due: int = 0
     rate_window_s: float = RATE_WINDOW_S
     in_flight: int = 0  # running jobs whose request has gone out; the rest are only claimed
+    timeouts: int = 0  # calls that got no reply in time, in all runs: each may be billed
     run: RunState | None = None  # None: not looked at (inside a run, which is the one)
 
     @property
@@ -287,6 +289,7 @@ class Stats:
             "oldest_queued_s": self.oldest_queued_s,
             "not_due": self.not_due,
             "top_errors": [{"type": t, "count": n} for t, n in self.top_errors],
+            "timeouts": self.timeouts,
             "cost_usd": self.cost_usd,
             "unpriced": self.unpriced,
             "models": [m.as_dict() for m in self.models],

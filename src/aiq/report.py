@@ -152,6 +152,8 @@ def run_summary_lines(s: RunSummary) -> list[str]:
             lines.append("warning: the input file has no lines: nothing was added (exit code 7)")
     c = s.stats.counts
     retries = plural(p.retries, "retry", "retries")
+    if p.timeouts:
+        retries += f", {p.timeouts:,} timed out (may be billed)"
     lines.append(
         f"finished {p.done_now:,} and dead-lettered {p.dead_now:,} in "
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {retries}, "
@@ -187,6 +189,7 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "done_now": p.done_now,
         "dead_now": p.dead_now,
         "retries": p.retries,
+        "timed_out": p.timeouts,
         "tokens_in": p.tokens_in,
         "tokens_out": p.tokens_out,
         "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
@@ -245,6 +248,11 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
     ]
     if s.top_errors:
         lines.append("errors: " + ", ".join(f"{t} {n}" for t, n in s.top_errors))
+    if s.timeouts:
+        lines.append(
+            f"timed out: {plural(s.timeouts, 'call')} got no reply in time (retried; the "
+            "provider may still bill them)"
+        )
     return lines
 
 

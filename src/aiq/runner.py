@@ -47,6 +47,7 @@ from .replay import replay
 from .report import plural
 from .requestfile import read_requests
 from .store import JobStore, require_store
+from .timeouts import Timeouts
 from .transport import AiohttpTransport
 from .worker import Progress, RetryPolicy, Worker
 
@@ -254,6 +255,7 @@ async def run_batch(
                 ),
                 progress=progress,
                 costs=await _cost_meter(store, config, stats),
+                timeouts=Timeouts(ceiling_s=config.timeout_s),
             )
             tick = _ticker(on_progress, metrics)
             try:

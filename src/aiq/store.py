@@ -602,7 +602,7 @@ class JobStore:
         rows = [
             (o.state, o.attempts, o.next_at, o.started_at, o.finished_at, o.status_code,
              o.error_type, o.error_message, o.request_id, o.response, o.tokens_in,
-             o.tokens_out, o.latency_s, o.model, o.cost_usd, o.job_id)
+             o.tokens_out, o.latency_s, o.model, o.cost_usd, o.timed_out, o.job_id)
             for o in outcomes
         ]  # fmt: skip
         await self._db.executemany(
@@ -610,7 +610,7 @@ class JobStore:
             "first_attempt_at = coalesce(first_attempt_at, ?), finished_at = ?, "
             "status_code = ?, error_type = ?, error_message = ?, request_id = ?, "
             "response = ?, tokens_in = ?, tokens_out = ?, latency_s = ?, model = ?, "
-            "cost_usd = ? WHERE id = ?",
+            "cost_usd = ?, timeouts = timeouts + ? WHERE id = ?",
             rows,
         )
 
@@ -630,7 +630,8 @@ class JobStore:
         rows = await self._db.execute_fetchall(
             "SELECT state, model, error_type, count(*), coalesce(sum(tokens_in), 0), "
             "coalesce(sum(tokens_out), 0), sum(cost_usd), count(cost_usd), "
-            "count(CASE WHEN finished_at > ? THEN 1 END), min(created_at), count(sent_at) "
+            "count(CASE WHEN finished_at > ? THEN 1 END), min(created_at), count(sent_at), "
+            "sum(timeouts) "
             "FROM jobs NOT INDEXED GROUP BY state, model, error_type",
             (now - window_s,),
         )
@@ -638,12 +639,15 @@ class JobStore:
             "SELECT count(*) FROM jobs WHERE state = ? AND next_at > ?", (QUEUED, now)
         )
         counts = dict.fromkeys(STATE_NAMES, 0)
-        tokens_in = tokens_out = recent = in_flight = 0
+        tokens_in = tokens_out = recent = in_flight = timeouts = 0
         oldest: float | None = None
         errors: dict[str, int] = {}
         models: dict[str | None, list[Any]] = {}  # ModelUsage's fields after the model
         for row in rows:
-            state, model, error_type, n, t_in, t_out, cost, priced, n_recent, created, sent = row
+            state, model, error_type, n, t_in, t_out, cost, priced, n_recent, created, sent, cut = (
+                row
+            )
+            timeouts += cut
             counts[STATE_NAMES[state]] += n
             if state == RUNNING:
                 in_flight += sent
@@ -676,6 +680,7 @@ class JobStore:
                 ModelUsage(m, *models[m]) for m in sorted(models, key=lambda m: (m is not None, m))
             ],
             not_due=not_due,
+            timeouts=timeouts,
         )
 
     async def count_jobs(self) -> int:

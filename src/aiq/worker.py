@@ -26,6 +26,7 @@ from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError, Reply
 from .records import DEAD, DONE, QUEUED, Job, Outcome
 from .store import JobStore
+from .timeouts import Timeouts
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
 _AHEAD = 8  # jobs kept claimed per sender: one in flight, the rest queued
@@ -67,6 +68,7 @@ class Progress:
     concurrency: int = 0  # senders allowed now (--concurrency auto changes it)
     outage_s: float = 0.0  # how long the provider has been down (0: it is up)
     last_error: str = ""  # the provider's last outage-like error (server, timeout, connection)
+    timeouts: int = 0  # calls that got no reply in time: the provider may still bill them
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0  # of the replies with a price
@@ -122,6 +124,7 @@ class Worker:
         retry: RetryPolicy = RetryPolicy(),
         progress: Progress | None = None,
         costs: CostMeter | None = None,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self._store = store
         self._provider = provider
@@ -135,6 +138,13 @@ class Worker:
             concurrency = self._auto.size  # may send now
         self._concurrency = concurrency
         self._breaker = breaker or CircuitBreaker()
+        # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
+        self._timeouts = timeouts
+        self._cuts: dict[int, int] = {}  # job id -> times a learned timeout cut it
+        # Calls sent before their model's timeout was learned, with when they went: the
+        # first reply that teaches it cuts those already past it (a hang among the first
+        # calls would otherwise hold its sender for the whole ceiling).
+        self._untimed: dict[str | None, dict[asyncio.Timeout, float]] = {}
         self._retry = retry
         self.costs = costs or CostMeter({})  # prices each reply; keeps --max-cost
         self.progress = progress or Progress()
@@ -361,14 +371,63 @@ class Worker:
         self._sent.append(job.id)  # its attempt is counted at the next store cycle
         started = time.time()
         try:
-            reply = await self._provider.send(job.endpoint, job.body)
+            if self._timeouts is None:
+                reply = await self._provider.send(job.endpoint, job.body)
+            else:
+                reply = await self._send_timed(job, model, self._timeouts)
         except ProviderError as err:
             outcome = self._failure(job, err, started, ticket)
         else:
             outcome = self._success(job, reply, started, ticket, charge)
         finally:
             progress.in_flight -= 1
+        if self._cuts and outcome.state != QUEUED:
+            self._cuts.pop(job.id, None)
         self._finish(outcome)
+
+    async def _send_timed(self, job: Job, model: str | None, timeouts: Timeouts) -> Reply:
+        """Send, cut at the model's learned timeout (aiq.timeouts); the ceiling (--timeout)
+        is the transport's read timeout, and applies alone when nothing was learned.
+
+        Cut here rather than in the transport: the bound is on the whole call, whichever
+        provider and transport, and the transport's timeouts stay the few it caches.
+        """
+        last = job.attempts + 1 >= self._retry.max_attempts  # the last gets the whole ceiling
+        limit_s = timeouts.timeout_s(model, cuts=self._cuts.get(job.id, 0), last=last)
+        untimed = None
+        if limit_s is None and not last and timeouts.learned_s(model) is None:
+            untimed = self._untimed.setdefault(model, {})
+        start = asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(limit_s) as bound:
+                if untimed is None:
+                    return await self._provider.send(job.endpoint, job.body)
+                untimed[bound] = start
+                try:
+                    return await self._provider.send(job.endpoint, job.body)
+                finally:
+                    untimed.pop(bound, None)
+        except TimeoutError:
+            self._cuts[job.id] = self._cuts.get(job.id, 0) + 1
+            took_s = asyncio.get_running_loop().time() - start
+            raise ProviderError(
+                "timeout",
+                f"no reply in {took_s:.1f} s, aiq's timeout learned from this model's replies "
+                f"({timeouts.rule.multiple:g}x their p99); the next attempt waits longer, "
+                f"up to --timeout {timeouts.ceiling_s:g} s",
+                retryable=True,
+            ) from None
+
+    def _learned(self, model: str | None, latency_s: float) -> None:
+        """Feed a reply's latency to the timeouts; once the model's is known, cut the calls
+        sent before it that have run past it."""
+        assert self._timeouts is not None
+        self._timeouts.observe(model, latency_s)
+        untimed = self._untimed.get(model)
+        if untimed and (limit_s := self._timeouts.timeout_s(model)) is not None:
+            for bound, start in untimed.items():
+                bound.reschedule(start + limit_s)
+            untimed.clear()  # each is cut or answered; their finally finds them gone
 
     def _finish(self, outcome: Outcome) -> None:
         # Look up _pending only now: the store task swaps in a new list while we wait.
@@ -444,6 +503,8 @@ class Worker:
         if self._probe_jobs:
             self._probe_jobs.discard(job.id)
         self._breaker.record(False)
+        if self._timeouts is not None:
+            self._learned(charge.model, finished - started)
         if self._auto is not None and self._auto.observe(finished - started):
             self._concurrency = self.progress.concurrency = self._auto.size
         return Outcome(
@@ -478,6 +539,10 @@ class Worker:
         outage_like = err.error_type in OUTAGE_ERRORS
         if outage_like:
             self.progress.last_error = err.message
+        # No reply in time (not a 408, not a connection never made): it may have been billed.
+        timed_out = err.error_type == "timeout" and err.status_code is None and not err.unreachable
+        if timed_out:
+            self.progress.timeouts += 1
         probe = job.id in self._probe_jobs
         self._probe_jobs.discard(job.id)
         breaker = self._breaker
@@ -494,6 +559,7 @@ class Worker:
             error_type=err.error_type,
             error_message=err.message,
             latency_s=now - started,
+            timed_out=timed_out,
         )
         if err.fatal:
             # Not the job's fault: leave it as it was and stop the whole run.

@@ -1,0 +1,103 @@
+"""How long to wait for a reply: a per-model timeout learned from the latencies seen.
+
+One fixed timeout serves two opposite needs badly. Replies that take 50 ms make a 30 s hang
+cost 30 s; a reasoning model or a long output takes minutes, and a timeout short enough for
+the first case cuts it and sends it again, billed each time. So each model gets its own:
+
+    timeout = max(FLOOR_S, MULTIPLE x p99 of its last WINDOW reply latencies)
+
+once it has MIN_SAMPLES replies, and never above the ceiling (``--timeout``, 600 s by default,
+as the official OpenAI and Anthropic SDKs wait). Before that the ceiling alone applies. Only
+replies that came back are samples: a call cut short has no latency, and counting hangs as
+samples would lift the percentile into the hangs it is meant to cut.
+
+A job cut by the learned timeout gets ``ESCALATE`` times as long on its next attempt, and its
+last attempt the whole ceiling, so a prompt that is merely slower than the rest (a long
+output) still finishes, and a model that slows down for good is sampled at its new speed
+and the timeout follows it. Pure: the caller measures time and sends; tests feed numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+FLOOR_S = 1.0  # never cut sooner: a stall of the event loop or a lost packet is not a hang
+MULTIPLE = 4.0  # of the p99: a reply slower than 4x the slowest 1% is most likely never coming
+PERCENTILE = 0.99
+MIN_SAMPLES = 20  # replies before the p99 is trusted; until then the ceiling applies
+WINDOW = 256  # the latest replies: a model that slows down is followed within a few hundred
+ESCALATE = 4.0  # per cut of the same job
+_EVERY = 16  # samples between recomputing the percentile (a sort of WINDOW values)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutRule:
+    """The numbers of the rule above; tests and callers may choose others."""
+
+    floor_s: float = FLOOR_S
+    multiple: float = MULTIPLE
+    percentile: float = PERCENTILE
+    min_samples: int = MIN_SAMPLES
+    window: int = WINDOW
+    escalate: float = ESCALATE
+
+
+class _Latencies:
+    """One model's recent reply latencies and the timeout they give."""
+
+    __slots__ = ("_rule", "_samples", "_since", "timeout_s")
+
+    def __init__(self, rule: TimeoutRule) -> None:
+        self._rule = rule
+        self._samples: deque[float] = deque(maxlen=rule.window)
+        self._since = 0  # samples since the timeout was last computed
+        self.timeout_s: float | None = None  # None: too few samples, the ceiling applies
+
+    def add(self, latency_s: float) -> None:
+        self._samples.append(latency_s)
+        self._since += 1
+        n = len(self._samples)
+        # Recomputed on every sample until the window is full, then every _EVERY samples.
+        if n >= self._rule.min_samples and (n < self._rule.window or self._since >= _EVERY):
+            self._since = 0
+            ranked = sorted(self._samples)
+            p = ranked[max(0, math.ceil(self._rule.percentile * n) - 1)]  # nearest rank
+            self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p)
+
+
+class Timeouts:
+    """Per-model timeouts under ``ceiling_s``: fed each reply's latency, asked before each call."""
+
+    def __init__(self, *, ceiling_s: float, rule: TimeoutRule = TimeoutRule()) -> None:
+        if ceiling_s <= 0:
+            raise ValueError(f"ceiling_s must be positive, not {ceiling_s}")
+        self.ceiling_s = ceiling_s
+        self.rule = rule
+        self._models: dict[str | None, _Latencies] = {}
+
+    def observe(self, model: str | None, latency_s: float) -> None:
+        """A call to ``model`` got its reply after ``latency_s``. Successful replies only: a
+        429 or a 500 comes back at once, and would make the generations look fast."""
+        m = self._models.get(model)
+        if m is None:
+            m = self._models[model] = _Latencies(self.rule)
+        m.add(latency_s)
+
+    def learned_s(self, model: str | None) -> float | None:
+        """The timeout the latencies give ``model``, under the ceiling; None before enough."""
+        m = self._models.get(model)
+        if m is None or m.timeout_s is None:
+            return None
+        return min(m.timeout_s, self.ceiling_s)
+
+    def timeout_s(self, model: str | None, *, cuts: int = 0, last: bool = False) -> float | None:
+        """How long the next call may take before aiq cuts it, or None: only the ceiling
+        applies (the transport's read timeout). ``cuts`` is how often this job was already
+        cut by a learned timeout; ``last``, whether this is the job's last attempt."""
+        learned = self.learned_s(model)
+        if learned is None or last:
+            return None
+        t = learned * self.rule.escalate ** min(cuts, 32)
+        return t if t < self.ceiling_s else None

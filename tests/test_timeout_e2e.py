@@ -1,0 +1,91 @@
+"""The learned timeout end to end: real `aiq` runs and a real fake server that hangs.
+
+With replies in milliseconds a hang is cut in about a second and sent again; a server that is
+slow but steady is never cut; every cut is counted apart, since the provider may bill it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import API_KEY, read_jsonl, run_aiq, write_prompts
+from fakeserver import FakeServer
+
+from aiq.inputs import Defaults
+from aiq.providers.openai import OpenAIProvider
+from aiq.records import Stats
+from aiq.requestfile import read_requests
+from aiq.store import JobStore
+from aiq.timeouts import TimeoutRule, Timeouts
+from aiq.transport import AiohttpTransport
+from aiq.worker import Worker
+
+
+def test_hangs_are_cut_in_seconds_and_counted(tmp_path: Path) -> None:
+    prompts = [(f"p{i}", f"question {i}") for i in range(200)]
+    write_prompts(tmp_path / "b.jsonl", prompts)
+    with FakeServer(require_key=API_KEY, latency_s=0.02, hang_rate=0.02, hang_s=30) as server:
+        began = time.monotonic()
+        proc = run_aiq(
+            "run", "b.jsonl", "--base-url", server.base_url, "--model", "m",
+            "--concurrency", "16", "--json", cwd=tmp_path,
+        )  # fmt: skip
+        took_s = time.monotonic() - began
+        hangs = sum(r.fault == "hang" for r in server.requests)
+    assert proc.returncode == 0, proc.stderr
+    assert hangs >= 2  # the seed's draw: the test means nothing without hangs
+    assert took_s < 15, took_s  # each hang waited out would take 30 s
+    results = read_jsonl(tmp_path / "b.results.jsonl")
+    assert sorted(r["custom_id"] for r in results) == sorted(c for c, _ in prompts)
+    assert all(r["error"] is None for r in results)
+    summary = json.loads(proc.stdout)
+    assert summary["timed_out"] == hangs  # each hang cut once, and counted
+    assert summary["status"]["timeouts"] == hangs
+    status = run_aiq("status", cwd=tmp_path)
+    assert f"timed out: {hangs} calls got no reply in time" in status.stdout, status.stdout
+    text = run_aiq("status", "--json", cwd=tmp_path)
+    assert json.loads(text.stdout)["timeouts"] == hangs
+
+
+def test_the_summary_line_counts_timeouts_apart(tmp_path: Path) -> None:
+    write_prompts(tmp_path / "b.jsonl", [("a", "x"), ("b", "y")])
+    with FakeServer(require_key=API_KEY, hang_rate=1.0, hang_s=5) as server:
+        proc = run_aiq(
+            "run", "b.jsonl", "--base-url", server.base_url, "--model", "m",
+            "--timeout", "0.3", "--max-attempts", "1", cwd=tmp_path,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr  # both dead: each call timed out at the ceiling
+    assert "2 timed out (may be billed)" in proc.stdout, proc.stdout
+
+
+def test_a_slow_steady_server_is_never_cut(tmp_path: Path) -> None:
+    """Two waves of 3 s replies: the first teaches the timeout, the second runs under it."""
+    path = tmp_path / "in.jsonl"
+    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(16)])
+    timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=8))
+
+    async def main(server: FakeServer) -> tuple[Worker, Stats]:
+        store = await JobStore.open(tmp_path / "s.db")
+        source = await store.add_source(str(path), out_path="o", dead_path="d")
+        await store.enqueue(source, read_requests(path, Defaults(model="m")))
+        transport = AiohttpTransport(max_connections=8)
+        provider = OpenAIProvider(transport, base_url=server.base_url, api_key=API_KEY)
+        worker = Worker(store, provider, concurrency=8, timeouts=timeouts)
+        try:
+            await asyncio.wait_for(worker.run(), 30)
+            return worker, await store.stats()
+        finally:
+            await transport.aclose()
+            await store.close()
+
+    with FakeServer(require_key=API_KEY, latency_s=3.0) as server:
+        worker, stats = asyncio.run(main(server))
+        assert len(server.requests) == 16  # none sent twice
+    assert stats.counts["done"] == 16 and stats.timeouts == 0
+    assert worker.progress.timeouts == 0 and worker.progress.retries == 0
+    learned = timeouts.learned_s("m")
+    assert learned is not None and learned == pytest.approx(12, abs=0.5)  # 4 x 3 s
