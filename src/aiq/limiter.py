@@ -355,6 +355,39 @@ class RateLimiter:
                 self.learned = True
             budget.sync(now, window, sent_at)
 
+    def wait_s(self) -> float:
+        """Seconds until the next request booked for later goes, or with none booked, until
+        one more could go (0: now). For saying why a run waits; it books nothing."""
+        now = self._clock()
+        booked = [
+            e.at
+            for budget in (self._requests, self._tokens)
+            if budget is not None
+            for e in _future(budget._log, now)
+        ]
+        if booked:
+            return min(booked) - now
+        try:
+            return max(0.0, self._ready_at(max(now, self._paused_until), 1.0) - now)
+        except RequestTooLarge:  # a tokens-per-minute limit under one token: never
+            return math.inf
+
+    def paused_s(self) -> float:
+        """Seconds left of the pause a 429 asked for (0: none)."""
+        return max(0.0, self._paused_until - self._clock())
+
+
+def _future(log: deque[_Entry], now: float) -> list[_Entry]:
+    """The earliest booking after ``now`` in a log (kept in time order), if any; refunded
+    ones (cost 0) are no request waiting."""
+    first = None
+    for e in reversed(log):
+        if e.at <= now:
+            break
+        if e.cost > 0:
+            first = e
+    return [] if first is None else [first]
+
 
 class Limiters:
     """One RateLimiter per model: providers limit each model on its own, and report each
@@ -405,6 +438,14 @@ class Limiters:
         """Whether some model in use has no known request rate: it can keep any number of
         senders busy, whatever the others' limits allow."""
         return any(lim.requests_per_s() is None for lim in self._by_model.values())
+
+    def in_use(self) -> dict[str | None, RateLimiter]:
+        """The limiter of each model sent to so far."""
+        return dict(self._by_model)
+
+    def configured(self, model: str | None) -> tuple[float | None, float | None]:
+        """The (rpm, tpm) the settings give ``model``, before anything the provider says."""
+        return self._per_model.get(model or "", self._default)
 
     @property
     def any_limit(self) -> bool:

@@ -41,8 +41,9 @@ def summary_line(p: Progress) -> str:
     return (
         f"done {p.done}/{p.total} · dead {p.dead} · {pct:.0f}% finished"
         f" · {p.rate_per_s:.1f}/s · eta {fmt_duration(p.eta_s)}"
-        f" · in flight {p.in_flight} · retries {p.retries}"
-        f" · tokens {p.tokens_in:,} in / {p.tokens_out:,} out{outage_note(p)}"
+        f" · in flight {p.in_flight}{f' · {p.waiting}' if p.waiting else ''}"
+        f" · retries {p.retries} · tokens {p.tokens_in:,} in / {p.tokens_out:,} out"
+        f"{f' · {p.limits}' if p.limits else ''}{outage_note(p)}"
     )
 
 
@@ -113,10 +114,14 @@ class LiveProgress:
                 Text.assemble("dead ", (f"{p.dead:,}", "red")),
                 Text.assemble("retries ", (f"{p.retries:,}", "yellow")),
                 Text(f"tokens {_short(p.tokens_in)} in / {_short(p.tokens_out)} out"),
+                *([Text(p.limits, style="cyan")] if p.limits else []),
             ],
-            leave_out=(3, 2),  # the tokens first, then the retries
+            # The limits first (when shown), then the tokens, then the retries.
+            leave_out=(4, 3, 2) if p.limits else (3, 2),
         )
         rows: list[RenderableType] = [self._bar, counts]
+        if p.waiting:  # why nothing moves: as visible as an outage
+            rows.append(Text(p.waiting, style="yellow", no_wrap=True, overflow="ellipsis"))
         if p.outage_s:
             note = outage_note(p).removeprefix(" · ")
             rows.append(Text(note, style="red", no_wrap=True, overflow="ellipsis"))

@@ -355,6 +355,7 @@ async def _work(
     try:
         while not task.done():
             await asyncio.wait([task], timeout=interval_s)
+            worker.note_waits()
             if on_progress is not None:
                 try:
                     on_progress(worker.progress)

@@ -27,6 +27,7 @@ from .providers.base import Provider, ProviderError, Reply
 from .records import DEAD, DONE, QUEUED, Job, Outcome
 from .store import JobStore
 from .timeouts import Timeouts
+from .waits import ModelLimits, limits_text, waiting_text
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
 _AHEAD = 8  # jobs kept claimed per sender: one in flight, the rest queued
@@ -69,6 +70,8 @@ class Progress:
     outage_s: float = 0.0  # how long the provider has been down (0: it is up)
     last_error: str = ""  # the provider's last outage-like error (server, timeout, connection)
     timeouts: int = 0  # calls that got no reply in time: the provider may still bill them
+    limits: str | None = None  # the limits in force (aiq.waits), None: none known
+    waiting: str | None = None  # what the run waits for, when it waits (aiq.waits)
     tokens_in: int = 0
     tokens_out: int = 0
     cost_usd: float = 0.0  # of the replies with a price
@@ -162,6 +165,7 @@ class Worker:
         self._more_due = True
         self._probe_jobs: set[int] = set()  # jobs sent as the breaker's probe
         self._recount_at = time.monotonic() + _RECOUNT_EVERY_S
+        self._next_due_at: float | None = None  # when nothing is claimed: the next job's due
 
     def stop(self) -> None:
         """Stop claiming; jobs in flight finish and are recorded (a drain)."""
@@ -193,6 +197,38 @@ class Worker:
             await self._store.release(list(self._claimed.values()))
         return self.progress
 
+    def note_waits(self) -> None:
+        """Put in the progress the limits in force and what the run waits for, if anything.
+        For the progress ticker (twice a second): it reads the limiters, nothing per request."""
+        limiters = self._limiters
+        models = []
+        in_use: dict[str | None, RateLimiter | None] = {**limiters.in_use()} or {None: None}
+        for model, limiter in in_use.items():
+            given_rpm, given_tpm = limiters.configured(model)
+            if limiter is None:  # nothing sent yet: what the settings say
+                models.append(ModelLimits(model, given_rpm, given_tpm))
+                continue
+            rpm, tpm = limiter.limits.rpm, limiter.limits.tpm
+            models.append(
+                ModelLimits(
+                    model, rpm, tpm,
+                    rpm_learned=rpm is not None and rpm != given_rpm,
+                    tpm_learned=tpm is not None and tpm != given_tpm,
+                    wait_s=limiter.wait_s(),
+                    paused_s=limiter.paused_s(),
+                )
+            )  # fmt: skip
+        p = self.progress
+        p.limits = limits_text(models)
+        now = time.time()
+        retry_in_s = None
+        if not self._claimed and self._next_due_at is not None:
+            retry_in_s = self._next_due_at - now
+        if self._breaker.is_open or p.outage_s or p.done + p.dead >= p.total:
+            p.waiting = None  # the outage note says it, or nothing is left to wait for
+        else:
+            p.waiting = waiting_text(models, now=now, in_flight=p.in_flight, retry_in_s=retry_in_s)
+
     # -- the store side: one task, so transactions never interleave ----------------------
 
     async def _store_loop(self) -> None:
@@ -210,6 +246,7 @@ class Worker:
                 due = await self._store.next_due_at()
                 if due is None:
                     return  # nothing queued anywhere: the run is complete
+                self._next_due_at = due
                 await self._nap(min(max(0.0, due - time.time()), _IDLE_POLL_S))
             elif not worked or not self._cycle_due():
                 await self._nap(_FLUSH_EVERY_S)
