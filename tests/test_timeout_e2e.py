@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import API_KEY, read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer
@@ -22,7 +23,7 @@ from aiq.requestfile import read_requests
 from aiq.store import JobStore
 from aiq.timeouts import TimeoutRule, Timeouts
 from aiq.transport import AiohttpTransport
-from aiq.worker import Worker
+from aiq.worker import RetryPolicy, Worker
 
 
 def test_hangs_are_cut_in_seconds_and_counted(tmp_path: Path) -> None:
@@ -89,3 +90,42 @@ def test_a_slow_steady_server_is_never_cut(tmp_path: Path) -> None:
     assert worker.progress.timeouts == 0 and worker.progress.retries == 0
     learned = timeouts.learned_s("m")
     assert learned is not None and learned == pytest.approx(12, abs=0.5)  # 4 x 3 s
+
+
+def test_a_hang_among_the_first_calls_is_cut_once_the_timeout_is_learned(tmp_path: Path) -> None:
+    """The first call hangs before any latency is known: it went with the ceiling alone, and
+    is cut as soon as the replies after it teach the model's timeout, then sent again."""
+    path = tmp_path / "in.jsonl"
+    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(12)])
+    calls: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        calls.append(prompt)
+        if prompt == "q0" and calls.count("q0") == 1:
+            await asyncio.sleep(30)  # a hang, on the very first call
+        await asyncio.sleep(0.01)
+        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
+
+    timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+
+    async def main() -> tuple[Worker, Stats]:
+        store = await JobStore.open(tmp_path / "s.db")
+        source = await store.add_source(str(path), out_path="o", dead_path="d")
+        await store.enqueue(source, read_requests(path, Defaults(model="m")))
+        provider = OpenAIProvider(
+            httpx.MockTransport(handler), base_url="http://api.test/v1", api_key=API_KEY
+        )
+        retry = RetryPolicy(base_s=0.01, cap_s=0.01)
+        worker = Worker(store, provider, concurrency=4, timeouts=timeouts, retry=retry)
+        try:
+            await asyncio.wait_for(worker.run(), 10)  # a hang waited out would take 30 s
+            return worker, await store.stats()
+        finally:
+            await store.close()
+
+    began = time.monotonic()
+    worker, stats = asyncio.run(main())
+    assert time.monotonic() - began < 5
+    assert stats.counts["done"] == 12 and stats.timeouts == 1
+    assert worker.progress.timeouts == 1 and calls.count("q0") == 2
