@@ -154,12 +154,16 @@ def _base_url_finding(c: Config) -> Finding | None:
     )
 
 
+_LIST_TIMEOUT_S = 30.0
+
+
 async def _endpoint_findings(
     c: Config, transport: httpx.AsyncBaseTransport | None
 ) -> list[Finding]:
     url, headers = _models_request(c)
     shown = url.split("?")[0]
-    timeout = httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s)
+    # The model list comes at once: --timeout's 600 s are for long generations, not this.
+    timeout = httpx.Timeout(min(c.timeout_s, _LIST_TIMEOUT_S), connect=c.connect_timeout_s)
     try:
         async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
             resp = await client.get(url, headers=headers)
