@@ -41,9 +41,15 @@ def summary_line(p: Progress) -> str:
     return (
         f"done {p.done}/{p.total} · dead {p.dead} · {pct:.0f}% finished"
         f" · {p.rate_per_s:.1f}/s · eta {fmt_duration(p.eta_s)}"
-        f" · in flight {p.in_flight} · retries {p.retries}"
+        f" · in flight {p.in_flight}{held_note(p)} · retries {p.retries}"
         f" · tokens {p.tokens_in:,} in / {p.tokens_out:,} out{outage_note(p)}"
     )
+
+
+def held_note(p: Progress) -> str:
+    """`` (held back by max_concurrency 256)`` when something other than the provider's limits
+    keeps --concurrency auto from sending more at once, else nothing."""
+    return f" (held back by {p.held_by})" if p.held_by else ""
 
 
 def wants_live_panel(isatty: bool, environ: Mapping[str, str]) -> bool:
@@ -104,6 +110,8 @@ class LiveProgress:
 
     def __call__(self, p: Progress) -> None:
         figures = f"· {p.rate_per_s:,.1f}/s · eta {fmt_duration(p.eta_s)} · in flight {p.in_flight}"
+        if p.held_by:
+            figures += "*"  # the note below says what holds it back
         self._bar.update(
             self._task, total=p.total or None, completed=p.done + p.dead, figures=figures
         )
@@ -117,6 +125,9 @@ class LiveProgress:
             leave_out=(3, 2),  # the tokens first, then the retries
         )
         rows: list[RenderableType] = [self._bar, counts]
+        if p.held_by:
+            note = f"* in flight held back by {p.held_by}"
+            rows.append(Text(note, style="yellow", no_wrap=True, overflow="ellipsis"))
         if p.outage_s:
             note = outage_note(p).removeprefix(" · ")
             rows.append(Text(note, style="red", no_wrap=True, overflow="ellipsis"))
