@@ -145,6 +145,7 @@ class Worker:
         self.costs = costs or CostMeter({})  # prices each reply; keeps --max-cost
         self.progress = progress or Progress()
         self.progress.concurrency = self._concurrency
+        self.progress.held_by = self._auto.held_by if self._auto is not None else None
         self.fatal: ProviderError | None = None
         self._queue = _JobQueue()
         self._pending: list[Outcome] = []  # outcomes not yet handed to the store
