@@ -4,7 +4,8 @@ keep a one-slot server at about one in flight?
 Each scenario starts ``tests/fakeserver.py``'s ``FakeServer`` in a thread of this process and
 runs ``aiq run FILE --json`` against it as a subprocess (``PYTHONPATH`` = this checkout's
 ``src/``). Reported: efficiency (the least time the limit allows for the requests, plus one mean
-latency, over the subprocess's wall time), the share of 429s, the most in flight (aiq's
+latency, over the subprocess's wall time; and of the sending phase alone, first request to
+last at the server), the share of 429s, the most in flight (aiq's
 ``max_in_flight``), and aiq's CPU (user + system of the subprocess over its wall time) and peak
 memory.
 
@@ -112,11 +113,17 @@ def run(name: str, s: Scenario) -> dict[str, object]:
     rate = (s.rpm / 60) if s.rpm else (s.max_parallel or 1) / s.mean_s
     least_s = s.jobs / rate + s.mean_s
     refused = sum(1 for r in requests if r.status == 429)
+    # The sending phase alone, on the server's clock (as bench/limits.py measures it): the
+    # least time the pace allows from the first request to the last, over the time it took.
+    arrived = sorted(r.received for r in requests if r.counted)
+    send_s = arrived[-1] - arrived[0]
+    least_send_s = (len(arrived) - 1) / rate
     return {
         "scenario": name,
         "wall_s": round(wall_s, 1),
         "least_s": round(least_s, 1),
         "efficiency": round(least_s / wall_s, 3),
+        "send_efficiency": round(least_send_s / send_s, 3) if send_s else None,
         "share_429": round(refused / max(1, len(requests)), 4),
         "max_in_flight": summary["max_in_flight"],
         "held_by": summary["held_by"],

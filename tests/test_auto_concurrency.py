@@ -29,8 +29,9 @@ def test_with_no_limit_known_a_one_slot_server_gets_about_one_in_flight(tmp_path
     assert summary["done_now"] == jobs
     assert 1 <= summary["max_in_flight"] <= 3
     assert summary["held_by"] is None
-    # As fast as one at a time: the slot never idles between requests.
-    assert received[-1] - received[0] <= (jobs - 1) * LATENCY_S * 1.3 + 0.3
+    # As fast as one at a time: the slot never idles long between requests (the margin is
+    # for a loaded machine's turnaround, which one at a time pays on every request).
+    assert received[-1] - received[0] <= (jobs - 1) * LATENCY_S * 1.5 + 0.5
 
 
 def test_max_concurrency_holds_it_back_and_the_run_says_so(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 # results, dead-letter, log and metrics files, stdio, the event loop's own, a resolver's.
 RESERVED_FILES = 64
 # Memory a request in flight costs aiq (its sender task, connection, buffers, request and reply
-# objects): bench/README.md ("Concurrency") measured ~30 KiB with 2 KB prompts and replies;
-# this leaves room for larger ones.
+# objects): bench/README.md ("Concurrency") measured ~35 KiB with short prompts and replies;
+# this leaves room for long ones.
 BYTES_PER_REQUEST = 256 * 1024
 MEMORY_SHARE = 0.25  # of the machine's memory, at most, for requests in flight
 _OPEN_MAX = 10_240  # macOS refuses a soft limit above this (its hard limit says unlimited)
