@@ -201,3 +201,19 @@ def test_the_size_grows_with_rate_and_latency_and_never_passes_the_cap(
     slower = _sized(rpm, [x * slower_by + later_by for x in latencies], cap).size
     assert 1 <= base <= faster_rate <= cap
     assert base <= slower <= cap
+
+
+def test_a_server_that_takes_more_than_the_bound_is_held_there_and_it_says_so() -> None:
+    now = 0.0
+    auto = AutoConcurrency(Limiters(), 64, held_by="the open-files limit (100)", clock=lambda: now)
+
+    async def scenario() -> None:
+        nonlocal now
+        for _ in range(2000):  # any number served in 1 s each
+            now += 1.0 / auto.size
+            auto.observe(1.0, in_flight=auto.size)
+
+    asyncio.run(scenario())
+    assert auto.size == 64
+    assert auto.held_by == "the open-files limit (100)"
+    assert auto.senders == 64  # no tasks beyond the bound either
