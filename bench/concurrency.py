@@ -67,6 +67,9 @@ SCENARIOS = {
     "high-tier": Scenario(
         "30,000 RPM, 3 s ± 1 s latency, aiq --rpm 30000", 12_000, 3.0, 1.0, rpm=30_000
     ),
+    "long-latency": Scenario(
+        "6,000 RPM, 20 s ± 5 s latency, aiq --rpm 6000", 3000, 20.0, 5.0, rpm=6000
+    ),
     "one-slot-auto": Scenario(
         "one slot (llama.cpp), 0.2 s, no limits, auto", 60, 0.2, max_parallel=1
     ),
