@@ -36,11 +36,14 @@ def simulate(
     ceiling: int = 10_000,
     seed: int = 0,
     refuse_over: int | None = None,
+    refuse_share: float = 0.0,
 ) -> tuple[Run, CapacityProbe]:
     """Send ``jobs`` requests to a server with ``slots`` (and, with ``refuse_over``, a 429 for
-    any request beyond that many in flight, as a gateway's parallel limit gives), keeping the
-    probe's limit in flight."""
+    any request beyond that many in flight, as a gateway's parallel limit gives; with
+    ``refuse_share``, a 429 for that share of requests at random), keeping the probe's limit
+    in flight."""
     rng = random.Random(seed)
+    refusals = random.Random(seed + 1)
     now = 0.0
     probe = CapacityProbe(ceiling=ceiling, clock=lambda: now)
     run = Run()
@@ -58,7 +61,10 @@ def simulate(
         nonlocal in_flight, sent
         while in_flight < probe.limit and sent < jobs:
             if refuse_over is not None and in_flight >= refuse_over:
-                probe.cut(in_flight + 1)  # answered 429 at once; the job goes back to the queue
+                probe.cut(in_flight + 1)  # answered 429 at once; the job is tried again later
+                break
+            if refuse_share and refusals.random() < refuse_share:
+                probe.cut(in_flight + 1)  # answered 429 at once; tried again at once
                 continue
             in_flight += 1
             sent += 1
@@ -161,3 +167,11 @@ def test_too_few_jobs_to_fill_the_limit_say_nothing_of_the_server() -> None:
         now += 1.0
         probe.observe(latency_s=1.0, in_flight=1)
     assert probe.limit == 16  # neither grown nor cut: the server was never asked for more
+
+
+def test_a_429_now_and_then_does_not_keep_a_large_server_small() -> None:
+    # The simulated provider (and a busy upstream) refuses a few requests at random: no sign
+    # of a limit on how many may be in flight.
+    # (Now and then three fall in one small round and cut it; it grows back by probing.)
+    run, _ = simulate(200, _fixed(1.0), 20_000, refuse_share=0.05)
+    assert statistics.median(run.settled()) >= 80

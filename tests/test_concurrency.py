@@ -176,7 +176,9 @@ def test_with_no_limit_known_the_capacity_found_sizes_it() -> None:
             now += 1.0 / max(1, auto.size)
             auto.observe(1.0, in_flight=auto.size)
         grown = auto.size
-        auto.refused(in_flight=grown)  # then a 429: fewer at once
+        assert not auto.refused(in_flight=grown)  # a lone 429 is no sign of a limit
+        for _ in range(2 * grown):  # but a burst of them is: fewer at once
+            auto.refused(in_flight=grown)
         return grown, auto.size
 
     grown, cut = asyncio.run(scenario())

@@ -35,6 +35,7 @@ _CYCLE = (1.25, 0.9, 1.0, 1.0, 1.0, 1.0)  # after startup, round by round: probe
 _BUSY = 0.75  # a round with fewer in flight than this share of the limit says nothing of it
 _SETTLE = 2  # round trips after a change before measuring
 _FULL = 0.95  # an estimate this near the ceiling: the server took all it was allowed
+_REFUSED = 0.2  # 429s over this share of a round's answers: the server is over its limit
 _CUT = 0.7  # after a 429, this share of what was in flight
 
 
@@ -66,11 +67,14 @@ class CapacityProbe:
         self._replies = 0
         self._latency_sum = 0.0
         self._in_flight_sum = 0
+        self._refused = 0  # 429s this round
+        self._answered = 0  # replies this round, settling ones too
 
     def observe(self, latency_s: float, in_flight: int) -> bool:
         """A reply took ``latency_s`` with ``in_flight`` requests out (itself included); True
         if that changed the limit."""
         now = self._clock()
+        self._answered += 1
         if self._measure_at is None:
             # Replies to requests sent before the round began show the old limit, not this one;
             # and the first round trip after a change still drains or fills the server's queue.
@@ -96,8 +100,13 @@ class CapacityProbe:
         return self._decide(self._replies / took_s, latency, now)
 
     def cut(self, in_flight: int) -> bool:
-        """The server refused a request for being over its limit (a 429 with no rate-limit
-        headers): fewer in flight from now on, and no more doubling. True if it changed."""
+        """The server refused a request (a 429 with no rate-limit headers). When refusals are a
+        fifth or more of this round's answers, it is over its limit: fewer in flight from now
+        on, and no more doubling. A lone 429 now and then (a busy upstream) is no such sign.
+        True if it changed the limit."""
+        self._refused += 1
+        if self._refused < 3 or self._refused < _REFUSED * (self._answered + self._refused):
+            return False
         if self._cut and self._measure_at is None:
             return False  # the 429s of one burst: one cut for them all
         self._startup = False
