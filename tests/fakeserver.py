@@ -63,6 +63,8 @@ retried request gets a fresh draw.
 
 - ``latency_s``: seconds slept before answering (no sleep at all when 0, for throughput). Outages
   and rate-limit 429s are answered at once, as a gateway in front of the model would.
+- ``max_parallel``: serve that many requests at once and queue the rest, as a llama.cpp server
+  with that many slots does (set at start).
 - ``record``: keep the request log (``requests``); off for benchmarks.
 """
 
@@ -577,6 +579,7 @@ class FakeServer:
         malformed_rate: float = 0.0,
         outage_until: float | None = None,
         outage_fault: Literal["503", "reset"] = "503",
+        max_parallel: int | None = None,
     ) -> None:
         self.reject_marker = reject_marker
         self.transient_rate = transient_rate
@@ -598,6 +601,8 @@ class FakeServer:
         self.malformed_rate = malformed_rate
         self.outage_until = outage_until
         self.outage_fault = outage_fault
+        self.max_parallel = max_parallel
+        self._slots: asyncio.Semaphore | None = None
         self._check_knobs()
         self._record = record
         self._lock = threading.Lock()
@@ -665,6 +670,8 @@ class FakeServer:
         """Serve until :meth:`stop` (or cancellation); ``on_ready(port)`` once listening."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        if self.max_parallel is not None:
+            self._slots = asyncio.Semaphore(self.max_parallel)
         app = web.Application()
         app.router.add_post("/v1/{endpoint:.*}", self._handle_post)
         app.router.add_get("/v1/models", self._handle_models)
@@ -772,7 +779,10 @@ class FakeServer:
                 if verdict is not None:
                     return self._rate_limited(ex, *verdict)
             ex.counted = True
-        if self.latency_s > 0:
+        if self._slots is not None:
+            async with self._slots:
+                await asyncio.sleep(self.latency_s)
+        elif self.latency_s > 0:
             await asyncio.sleep(self.latency_s)
         if refused is not None:
             return self._reply(ex, *refused)

@@ -240,8 +240,11 @@ def test_store_damaged_past_its_schema_is_reported_and_left_alone(tmp_path: Path
     with db.open("r+b") as f:
         f.seek(-10 * 4096, os.SEEK_END)
         f.write(b"\xa5" * 10 * 4096)
+    # A fixed 32 in flight: the run reaches the damaged pages within seconds, where auto
+    # would first find the simulated provider's capacity, one request at a time at first.
     for args in (_RUN, _RESUME):
-        _one_error(run_aiq(*args, cwd=tmp_path), ".aiq/aiq.db: ", "the store is damaged")
+        proc = run_aiq(*args, "--concurrency", "32", cwd=tmp_path)
+        _one_error(proc, ".aiq/aiq.db: ", "the store is damaged")
 
 
 def test_store_written_by_a_newer_aiq_is_refused_untouched(tmp_path: Path) -> None:

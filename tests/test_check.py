@@ -197,3 +197,18 @@ def test_a_4xx_from_the_model_list_is_not_called_passing(tmp_path: Path) -> None
     assert code == 4
     assert "overloaded" in found["endpoint"]["message"]
     assert "try again later" in found["endpoint"]["fix"]
+
+
+def test_it_says_what_bounds_the_requests_in_flight(tmp_path: Path, server: FakeServer) -> None:
+    args = ("--base-url", server.base_url, "--model", "gpt-4o-mini")
+    (tmp_path / "aiq.yaml").write_text("max_concurrency: 8\n")
+    _, found = _check(tmp_path, *args)
+    assert found["concurrency"]["status"] == "ok"
+    assert found["concurrency"]["message"] == "auto, up to 8 in flight (bound by max_concurrency 8)"
+    # A fixed number over what the open files (raised to the hard limit) allow would fail
+    # its connections: said before the run.
+    (tmp_path / "aiq.yaml").write_text("concurrency: 100000000\n")
+    code, found = _check(tmp_path, *args)
+    assert found["concurrency"]["status"] == "warn"
+    assert "--concurrency 100,000,000 is over the" in found["concurrency"]["message"]
+    assert code == 0  # a warning: the run may still go

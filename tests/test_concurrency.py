@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aiq.concurrency import FALLBACK, AutoConcurrency
 from aiq.limiter import HEADROOM, Limiters, RateLimiter
@@ -26,8 +30,10 @@ def test_a_model_without_a_limit_gets_senders_beside_those_the_limited_one_needs
     limiters = Limiters(per_model={"slow": (600, None)})
     limiters.for_model("slow")
     assert AutoConcurrency(limiters, 256).size == math.ceil(9.8 * 1.25) + 2 == 15
-    limiters.for_model("fast")  # no limit configured or learned: any number of senders
-    assert AutoConcurrency(limiters, 256).size == 15 + FALLBACK
+    # No limit configured or learned: as many beside as the server is found to take, one at
+    # first (aiq.capacity).
+    limiters.for_model("fast")
+    assert AutoConcurrency(limiters, 256).size == 15 + 1
 
 
 def test_replies_resize_it_to_the_latency_seen() -> None:
@@ -93,3 +99,123 @@ def test_opening_the_gate_lets_every_waiting_sender_through() -> None:
         return len(waiting)
 
     assert asyncio.run(scenario()) == 3
+
+
+# -- sizing to the limits and the latency's spread -------------------------------------------
+
+
+def _sized(rpm: int, latencies: list[float], cap: int = 100_000) -> AutoConcurrency:
+    """An AutoConcurrency for ``rpm`` once replies took ``latencies``, a second apart (so each
+    one may resize it)."""
+    now = 0.0
+    auto = AutoConcurrency(Limiters(rpm=rpm), cap, clock=lambda: now)
+
+    async def replies() -> None:
+        nonlocal now
+        for latency_s in latencies:
+            now += 1.0
+            auto.observe(latency_s)
+
+    asyncio.run(replies())
+    return auto
+
+
+def _draws(n: int, draw) -> list[float]:
+    rng = random.Random(0)
+    return [max(0.05, draw(rng)) for _ in range(n)]
+
+
+def test_a_high_tier_at_seconds_of_latency_gets_the_thousands_it_needs() -> None:
+    # 30,000/min at 3 s ± 1 s: Little's law needs 490 x 3 = 1,470 in flight on average, and
+    # more while the slow replies are out.
+    auto = _sized(30_000, _draws(2000, lambda rng: rng.gauss(3.0, 1.0)))
+    assert 490 * 3 * 1.3 < auto.size < 490 * 6
+    assert auto.held_by is None
+    # Under the old cap of 256 it is held there, and says so.
+    capped = _sized(30_000, _draws(2000, lambda rng: rng.gauss(3.0, 1.0)), cap=256)
+    assert capped.size == 256
+    assert capped.held_by == "max_concurrency 256"
+
+
+def test_the_room_made_grows_with_the_spread_not_only_the_mean() -> None:
+    steady = _sized(6000, [3.0] * 500)
+    spread = _sized(6000, _draws(500, lambda rng: rng.uniform(1.0, 5.0)))  # the same mean
+    assert steady.size == math.ceil(98 * 3.0 * 1.25) + 2  # a quarter over a fixed latency
+    assert spread.size > steady.size
+
+
+def test_until_the_first_reply_the_latency_is_at_least_the_time_waited() -> None:
+    now = 0.0
+    auto = AutoConcurrency(Limiters(rpm=6000), 100_000, clock=lambda: now)
+
+    async def scenario() -> list[int]:
+        nonlocal now
+        await auto.enter()  # the first request goes at t=0
+        sizes = [auto.size]
+        for _ in range(20):  # no reply for 20 s: the provider is slow, not the limit low
+            now += 1.0
+            auto.tick()
+            sizes.append(auto.size)
+        await auto.leave()
+        return sizes
+
+    sizes = asyncio.run(scenario())
+    assert sizes[0] == math.ceil(98 * 1.25) + 2
+    assert sizes[-1] == math.ceil(98 * 20 * 1.25) + 2  # enough to keep 98/s going meanwhile
+    assert sizes == sorted(sizes)
+
+
+def test_with_no_limit_known_the_capacity_found_sizes_it() -> None:
+    now = 0.0
+    auto = AutoConcurrency(Limiters(), 256, clock=lambda: now)
+
+    async def scenario() -> tuple[int, int]:
+        nonlocal now
+        # A server that takes any number in 1 s: each round of replies doubles the limit.
+        for _ in range(400):
+            now += 1.0 / max(1, auto.size)
+            auto.observe(1.0, in_flight=auto.size)
+        grown = auto.size
+        assert not auto.refused(in_flight=grown)  # a lone 429 is no sign of a limit
+        for _ in range(2 * grown):  # but a burst of them is: fewer at once
+            auto.refused(in_flight=grown)
+        return grown, auto.size
+
+    grown, cut = asyncio.run(scenario())
+    assert grown > 32
+    assert cut < grown
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rpm=st.integers(1, 100_000),
+    more_rpm=st.integers(0, 100_000),
+    latencies=st.lists(st.floats(0.01, 120.0), min_size=1, max_size=30),
+    slower_by=st.floats(1.0, 10.0),
+    later_by=st.floats(0.0, 30.0),
+    cap=st.integers(1, 50_000),
+)
+def test_the_size_grows_with_rate_and_latency_and_never_passes_the_cap(
+    rpm: int, more_rpm: int, latencies: list[float], slower_by: float, later_by: float, cap: int
+) -> None:
+    base = _sized(rpm, latencies, cap).size
+    faster_rate = _sized(rpm + more_rpm, latencies, cap).size
+    slower = _sized(rpm, [x * slower_by + later_by for x in latencies], cap).size
+    assert 1 <= base <= faster_rate <= cap
+    assert base <= slower <= cap
+
+
+def test_a_server_that_takes_more_than_the_bound_is_held_there_and_it_says_so() -> None:
+    now = 0.0
+    auto = AutoConcurrency(Limiters(), 64, held_by="the open-files limit (100)", clock=lambda: now)
+
+    async def scenario() -> None:
+        nonlocal now
+        for _ in range(2000):  # any number served in 1 s each
+            now += 1.0 / auto.size
+            auto.observe(1.0, in_flight=auto.size)
+
+    asyncio.run(scenario())
+    assert auto.size == 64
+    assert auto.held_by == "the open-files limit (100)"
+    assert auto.senders == 64  # no tasks beyond the bound either

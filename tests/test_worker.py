@@ -103,7 +103,7 @@ def run_worker(
     prompts: list[str],
     script: Script,
     *,
-    concurrency: int = 1,
+    concurrency: int | None = 1,
     retry: RetryPolicy = FAST,
     configure: Callable[[Worker, Server], None] | None = None,
     on_sleep: Callable[[Worker], None] | None = None,
@@ -533,3 +533,20 @@ def test_progress_counts_only_what_the_store_committed(tmp_path: Path) -> None:
     p: Progress = run.worker.progress
     assert (p.done, p.dead) == (run.counts["done"], run.counts["dead"]) == (27, 3)
     assert p.retries == 9  # p0, p3, ... p24 (p27 is dead at once)
+
+
+def test_auto_starts_sender_tasks_as_its_size_needs_them_not_the_whole_bound(
+    tmp_path: Path,
+) -> None:
+    # The bound may be what the machine allows (thousands): a task per possible sender from
+    # the start would cost memory for nothing. With no limit known, auto starts at one.
+    most_tasks = 0
+
+    def script(prompt: str, _seen: int) -> Reply:
+        nonlocal most_tasks
+        most_tasks = max(most_tasks, len(asyncio.all_tasks()))
+        return completion(prompt)
+
+    run = run_worker(tmp_path, [f"p{i}" for i in range(40)], script, concurrency=None)
+    assert run.counts["done"] == 40
+    assert most_tasks < 100  # of a bound of 256 (the Worker's default max_concurrency)

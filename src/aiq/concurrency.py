@@ -1,8 +1,16 @@
 """``--concurrency auto``: how many senders may send at once, sized to the rate limits.
 
-The worker starts ``max_senders`` tasks; this gate lets ``size`` of them send. One request goes
-first, to learn the provider's limits from its headers; after that, enough go at once to reach
-the limits at the latency seen (Little's law: in flight = rate x latency).
+The worker starts sender tasks as ``senders`` asks; this gate lets ``size`` of them send. One
+request goes first, to learn the provider's limits from its headers. After that:
+
+- With a request rate known (configured or learned), enough go at once to reach it at the
+  latency seen (Little's law: in flight = rate x latency), with room for latency's spread: the
+  rate times the mean plus two standard deviations of recent latencies.
+- With none, the server's capacity is found by trying (aiq.capacity): more in flight while
+  throughput grows, fewer when latency grows without it.
+
+Either way ``max_senders`` bounds it (``max_concurrency``, or what the machine allows), and
+``held_by`` says so when it is what holds the run back.
 """
 
 from __future__ import annotations
@@ -10,29 +18,89 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from .capacity import CapacityProbe
 from .limiter import Limiters
 
-FALLBACK = 32  # senders when the provider reports no limits
+FALLBACK = 32  # senders while a token limit is known but no request's cost yet
 _EVERY_S = 1.0  # how often the size is reconsidered
 _ASSUMED_LATENCY_S = 1.0  # with configured limits, until replies come
+# Latency is averaged over about this many replies (fewer at the start): enough that one slow
+# reply does not move the size, few enough to follow a change within seconds at high rates.
+_REPLIES = 100
+_SPREAD = 2.0  # standard deviations of latency over the mean that the size makes room for
+_BUNCHED = 1.25  # and at least this much over it, for a latency with no spread known
+
+
+class Latency:
+    """The mean and standard deviation of recent latencies, exponentially weighted."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean_s = 0.0
+        self._var = 0.0
+
+    def add(self, latency_s: float) -> None:
+        self.count += 1
+        weight = max(1.0 / self.count, 1.0 / _REPLIES)  # a plain mean until there are enough
+        diff = latency_s - self.mean_s
+        self.mean_s += weight * diff
+        self._var = (1.0 - weight) * (self._var + weight * diff * diff)
+
+    @property
+    def stddev_s(self) -> float:
+        return math.sqrt(self._var)
+
+    @property
+    def high_s(self) -> float:
+        """The latency to size for: two standard deviations over the mean, and at least a
+        quarter over it (replies of a fixed latency still come back in bunches)."""
+        return max(_BUNCHED * self.mean_s, self.mean_s + _SPREAD * self.stddev_s)
+
+
+def size_for(rate_per_s: float, latency_s: float) -> int:
+    """Requests in flight to keep ``rate_per_s`` going when replies take up to ``latency_s``;
+    two more for the ramp."""
+    return math.ceil(rate_per_s * latency_s) + 2
 
 
 class AutoConcurrency:
-    """A gate for ``max_senders`` sender tasks, ``size`` of which may send at once."""
+    """A gate for the sender tasks, ``size`` of which may send at once.
 
-    def __init__(self, limiters: Limiters, max_senders: int) -> None:
+    ``held_by`` names what sets ``max_senders`` ("max_concurrency 256", the open-files limit),
+    for the progress to say when that, not the provider, holds the run back.
+    """
+
+    def __init__(
+        self,
+        limiters: Limiters,
+        max_senders: int,
+        *,
+        held_by: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._limiters = limiters
         self._max = max_senders
-        self.size = self._size_for(_ASSUMED_LATENCY_S)  # may send now
+        self._cap = held_by or f"max_concurrency {max_senders}"
+        self._clock = clock
+        self._latency = Latency()
+        self._probe = CapacityProbe(ceiling=max_senders, clock=clock)
+        self.held_by: str | None = None  # what holds the size back, when not the provider
+        self.size = self._wanted(_BUNCHED * _ASSUMED_LATENCY_S)  # may send now
         self._gate = asyncio.Condition()  # senders over the size wait here
         self._active = 0  # senders past the gate
         self._pacing = 0  # of those, how many wait in a rate limiter
         self._open = False  # stopping: every sender goes through
-        self._latency_s = 0.0  # moving average of answered requests
-        self._sized_at = 0.0
+        self._sized_at = -math.inf
+        self._first_at: float | None = None  # when the first sender went through
+
+    @property
+    def senders(self) -> int:
+        """Sender tasks wanted: ``size`` to send, and as many again (32 at least) to wait in
+        the rate limiters meanwhile, so one model's slow limit does not hold up the others."""
+        return min(self._max, self.size + max(self.size, FALLBACK))
 
     async def enter(self) -> None:
         """Wait while ``size`` senders are busy (waiting for a limiter counts as busy: a sender
@@ -40,6 +108,8 @@ class AutoConcurrency:
         async with self._gate:
             await self._gate.wait_for(lambda: self._open or self._active - self._pacing < self.size)
             self._active += 1
+        if self._first_at is None:
+            self._first_at = self._clock()
 
     async def leave(self) -> None:
         """A sender is done with its job: let the next one in."""
@@ -64,34 +134,61 @@ class AutoConcurrency:
         self._open = True
         asyncio.get_running_loop().create_task(self._notify_all())
 
-    def observe(self, latency_s: float) -> bool:
-        """A reply took ``latency_s``; True if that changed ``size``."""
-        self._latency_s = (
-            latency_s if not self._latency_s else 0.8 * self._latency_s + 0.2 * latency_s
-        )
-        now = time.monotonic()
-        if self.size > 1 and now - self._sized_at < _EVERY_S:
+    def observe(self, latency_s: float, in_flight: int = 1) -> bool:
+        """A reply took ``latency_s``, with ``in_flight`` requests out (itself included); True
+        if that changed ``size``."""
+        self._latency.add(latency_s)
+        probed = False
+        if self._unpaced():  # the server's capacity is all there is to go by
+            probed = self._probe.observe(latency_s, in_flight)
+        now = self._clock()
+        if not probed and self.size > 1 and now - self._sized_at < _EVERY_S:
             return False
+        return self._resize(now, self._latency.high_s)
+
+    def refused(self, in_flight: int) -> bool:
+        """A 429: with no limit known, the server says it is full at ``in_flight``. True if
+        that changed ``size``."""
+        if not self._unpaced() or not self._probe.cut(in_flight):
+            return False
+        return self._resize(self._clock(), self._latency.high_s)
+
+    def tick(self) -> bool:
+        """Now and then, from the worker: until the first reply, the latency is at least the
+        time since the first request went (a provider answering in 20 s must not be held to
+        the size for one second's latency until it does). True if that changed ``size``."""
+        if self._latency.count or self._first_at is None:
+            return False
+        now = self._clock()
+        if now - self._sized_at < _EVERY_S:
+            return False
+        return self._resize(now, _BUNCHED * max(_ASSUMED_LATENCY_S, now - self._first_at))
+
+    def _unpaced(self) -> bool:
+        return self._limiters.requests_per_s() is None or self._limiters.unpaced
+
+    def _resize(self, now: float, latency_s: float) -> bool:
         self._sized_at = now
-        wanted = self._size_for(self._latency_s) if self._limiters.requests_per_s() else FALLBACK
+        wanted = self._wanted(latency_s)
         if wanted == self.size:
             return False
         self.size = wanted
         asyncio.get_running_loop().create_task(self._notify_all())
         return True
 
-    def _size_for(self, latency_s: float) -> int:
-        """Senders enough for the limits at ``latency_s``. With no limit known, 1: the first
-        reply's headers may tell them, and until then a burst could break a per-second limit.
-        With a limit but no rate yet (tokens/min, before a request's cost is known), plenty:
-        the limiter keeps the pace."""
+    def _wanted(self, latency_s: float) -> int:
+        """Senders enough for the limits at ``latency_s``, bounded by ``max_senders`` (and
+        ``held_by`` set if that bound is below what they need). With no limit known, what the
+        server was found to take. With a limit but no rate yet (tokens/min, before a
+        request's cost is known), plenty: the limiter keeps the pace."""
         rate = self._limiters.requests_per_s()
+        # What the server was found to take; one more if it would take more than the bound.
+        found = self._probe.limit + self._probe.capped
         if rate is None:
-            return min(self._max, FALLBACK) if self._limiters.any_limit else 1
-        # A quarter more than the mean needs, for latency's spread; two for the ramp.
-        size = math.ceil(rate * latency_s * 1.25) + 2
-        if self._limiters.unpaced:  # and as many as without limits for the models without
-            size += FALLBACK
+            size = FALLBACK if self._limiters.any_limit else found
+        else:  # and beside, what a model without a limit takes
+            size = size_for(rate, latency_s) + (found if self._limiters.unpaced else 0)
+        self.held_by = self._cap if size > self._max else None
         return max(1, min(self._max, size))
 
     async def _notify_all(self) -> None:

@@ -50,7 +50,7 @@ class Config:
     # "auto": enough in flight to reach the rate limits at the latency seen, up to
     # max_concurrency (worker.Worker); a number fixes it.
     concurrency: int | str = "auto"
-    max_concurrency: int = 256
+    max_concurrency: int | None = None  # None: what the machine allows (aiq.machine)
     rpm: int | None = None
     tpm: int | None = None
     max_attempts: int = 5
@@ -112,11 +112,6 @@ class Config:
     def fixed_concurrency(self) -> int | None:
         """The number of requests in flight, or None for "auto"."""
         return self.concurrency if isinstance(self.concurrency, int) else None
-
-    @property
-    def pool_size(self) -> int:
-        """Connections the HTTP pool may open: as many as requests may be in flight."""
-        return self.concurrency if isinstance(self.concurrency, int) else self.max_concurrency
 
     @property
     def defaults(self) -> Defaults:

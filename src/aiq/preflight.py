@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from . import routing
+from . import machine, routing
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .errors import FatalProviderError, StoreError, UsageError
 from .pricing import DEFAULT_PRICES, PRICES_AS_OF, price_for
@@ -29,6 +29,9 @@ from .store import JobStore, StoreOutdated
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 # Statuses that pass with time (besides 5xx): a timeout, "too early", a rate limit.
 _PASSING = frozenset({408, 425, 429})
+# A bound on requests in flight below this is worth a warning: 30,000 requests a minute at 3 s
+# need ~1,500 at once.
+_FEW_IN_FLIGHT = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +99,7 @@ async def run_checks(
                 findings[-1] = found.pop(0)
             findings += found
     findings.append(_price_finding(config))
+    findings.append(_concurrency_finding(config))
     findings.append(await _store_finding(config.db))
     return CheckReport(findings)
 
@@ -268,6 +272,34 @@ def _model_finding(c: Config, models: list[str]) -> Finding:
         f"{c.model} is not among the {len(models)} models the endpoint lists{hint}",
         "fix --model or model: in the config",
         provider=True,
+    )
+
+
+def _concurrency_finding(c: Config) -> Finding:
+    """How many requests may be in flight, and what bounds that when not the provider: a
+    machine that allows few (the open-files limit) keeps a high rate limit out of reach."""
+    fixed = c.fixed_concurrency  # not bound by max_concurrency: only by the machine
+    bound = machine.run_bound(c.max_concurrency if fixed is None else None)
+    if fixed is not None and fixed > bound.senders:
+        return Finding(
+            WARN,
+            "concurrency",
+            f"--concurrency {fixed:,} is over the {bound.senders:,} in flight that "
+            f"{bound.reason} allows",
+            f"lower --concurrency to {bound.senders:,}, or raise the bound",
+        )
+    if fixed is not None:
+        return Finding(OK, "concurrency", f"{fixed:,} in flight (fixed)")
+    if c.max_concurrency is None and bound.senders < _FEW_IN_FLIGHT:
+        return Finding(
+            WARN,
+            "concurrency",
+            f"auto, up to {bound.senders:,} in flight: held back by {bound.reason}; a high "
+            "rate limit at a few seconds' latency needs more",
+            "raise the hard open-files limit (ulimit -Hn, or LimitNOFILE= under systemd)",
+        )
+    return Finding(
+        OK, "concurrency", f"auto, up to {bound.senders:,} in flight (bound by {bound.reason})"
     )
 
 

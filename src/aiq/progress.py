@@ -41,10 +41,16 @@ def summary_line(p: Progress) -> str:
     return (
         f"done {p.done}/{p.total} · dead {p.dead} · {pct:.0f}% finished"
         f" · {p.rate_per_s:.1f}/s · eta {fmt_duration(p.eta_s)}"
-        f" · in flight {p.in_flight}{f' · {p.waiting}' if p.waiting else ''}"
+        f" · in flight {p.in_flight}{held_note(p)}{f' · {p.waiting}' if p.waiting else ''}"
         f" · retries {p.retries} · tokens {p.tokens_in:,} in / {p.tokens_out:,} out"
         f"{f' · {p.limits}' if p.limits else ''}{outage_note(p)}"
     )
+
+
+def held_note(p: Progress) -> str:
+    """`` (held back by max_concurrency 256)`` when something other than the provider's limits
+    keeps --concurrency auto from sending more at once, else nothing."""
+    return f" (held back by {p.held_by})" if p.held_by else ""
 
 
 def wants_live_panel(isatty: bool, environ: Mapping[str, str]) -> bool:
@@ -105,6 +111,8 @@ class LiveProgress:
 
     def __call__(self, p: Progress) -> None:
         figures = f"· {p.rate_per_s:,.1f}/s · eta {fmt_duration(p.eta_s)} · in flight {p.in_flight}"
+        if p.held_by:
+            figures += "*"  # the note below says what holds it back
         self._bar.update(
             self._task, total=p.total or None, completed=p.done + p.dead, figures=figures
         )
@@ -122,6 +130,9 @@ class LiveProgress:
         rows: list[RenderableType] = [self._bar, counts]
         if p.waiting:  # why nothing moves: as visible as an outage
             rows.append(Text(p.waiting, style="yellow", no_wrap=True, overflow="ellipsis"))
+        if p.held_by:
+            note = f"* in flight held back by {p.held_by}"
+            rows.append(Text(note, style="yellow", no_wrap=True, overflow="ellipsis"))
         if p.outage_s:
             note = outage_note(p).removeprefix(" · ")
             rows.append(Text(note, style="red", no_wrap=True, overflow="ellipsis"))

@@ -159,6 +159,11 @@ def run_summary_lines(s: RunSummary) -> list[str]:
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {retries}, "
         f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, {run_cost(p)}"
     )
+    if p.held_by:
+        lines.append(
+            f"in flight: at most {p.max_in_flight:,} at once, held back by {p.held_by} "
+            "(not by the provider's limits)"
+        )
     lines.append(
         f"store: {c['done']:,} done, {c['dead']:,} dead, {c['queued']:,} queued, "
         f"{c['running']:,} running of {s.stats.total:,}"
@@ -194,6 +199,8 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "tokens_out": p.tokens_out,
         "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
         "unpriced": p.unpriced,
+        "max_in_flight": p.max_in_flight,
+        "held_by": p.held_by,
         "invalid_lines": None if s.added is None else s.added.invalid,
         "empty_input": None if s.added is None else s.added.empty,
         "status": s.stats.as_dict(),

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from . import routing
+from . import machine, routing
 from .breaker import CircuitBreaker
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .costs import CostMeter
@@ -169,8 +169,9 @@ def _no_store_left_on_bad_input(path: str | os.PathLike[str]) -> Iterator[None]:
         raise
 
 
-def _make_provider(config: Config) -> tuple[Provider, httpx.AsyncBaseTransport]:
-    """The provider and the transport under it (the caller closes the transport)."""
+def _make_provider(config: Config, *, pool_size: int) -> tuple[Provider, httpx.AsyncBaseTransport]:
+    """The provider and the transport under it, with ``pool_size`` connections at most (the
+    caller closes the transport)."""
     transport: httpx.AsyncBaseTransport
     if config.provider == "simulated":
         transport = SimulatedTransport(
@@ -182,7 +183,7 @@ def _make_provider(config: Config) -> tuple[Provider, httpx.AsyncBaseTransport]:
         real = ANTHROPIC_BASE_URL if config.provider == "anthropic" else OPENAI_BASE_URL
         if not config.api_key and config.base_url.rstrip("/") == real:
             raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
-        transport = AiohttpTransport(max_connections=config.pool_size)
+        transport = AiohttpTransport(max_connections=pool_size)
     common: dict[str, Any] = {
         "base_url": config.base_url,
         "api_key": config.api_key,
@@ -233,7 +234,10 @@ async def run_batch(
             await store.recover_running(config.max_attempts)
             await store.undefer()
             lock.note(sending_since=time.time())  # status's rate starts here, not at the read
-            provider, transport = _make_provider(config)
+            bound = machine.run_bound(config.max_concurrency)
+            provider, transport = _make_provider(
+                config, pool_size=config.fixed_concurrency or bound.senders
+            )
             stats = await store.stats()
             progress = Progress(
                 total=stats.total, done=stats.counts["done"], dead=stats.counts["dead"]
@@ -242,7 +246,8 @@ async def run_batch(
                 store,
                 provider,
                 concurrency=config.fixed_concurrency,
-                max_concurrency=config.max_concurrency,
+                max_concurrency=bound.senders,
+                held_by=bound.reason,
                 limiter=Limiters(rpm=config.rpm, tpm=config.tpm, per_model=config.model_limits),
                 # Probing a down provider every 10 s at most: one request, and a run resumes
                 # within 10 s of the provider coming back.

@@ -158,7 +158,7 @@ SETTINGS: dict[str, tuple[Check, str]] = {
     "temperature": (_optional(_number(0, 2)), "a number from 0 to 2"),
     "system": (_optional(_text()), "the system prompt, as text"),
     "concurrency": (_concurrency, "auto or a positive whole number of requests in flight"),
-    "max_concurrency": (_whole(1), "a positive whole number of requests in flight"),
+    "max_concurrency": (_optional(_whole(1)), "a positive whole number of requests in flight"),
     "rpm": (_optional(_whole(1)), "a positive whole number of requests per minute"),
     "tpm": (_optional(_whole(1)), "a positive whole number of tokens per minute"),
     "max_attempts": (_whole(1), "a positive whole number of attempts"),

@@ -66,7 +66,11 @@ class Progress:
     dead_now: int = 0
     retries: int = 0
     in_flight: int = 0
+    max_in_flight: int = 0  # the most in flight at once in this run
     concurrency: int = 0  # senders allowed now (--concurrency auto changes it)
+    # What holds --concurrency auto below what the limits (or the server) would take, when not
+    # the provider: "max_concurrency 256", the open-files limit, memory. None: nothing.
+    held_by: str | None = None
     outage_s: float = 0.0  # how long the provider has been down (0: it is up)
     last_error: str = ""  # the provider's last outage-like error (server, timeout, connection)
     timeouts: int = 0  # calls that got no reply in time: the provider may still bill them
@@ -112,7 +116,8 @@ class Worker:
     """Works off a store with a provider. ``await worker.run()`` returns when done or stopped.
 
     ``concurrency`` None is ``--concurrency auto`` (aiq.concurrency): as many at once as the
-    limits allow at the latency seen, up to ``max_concurrency``.
+    limits allow at the latency seen, up to ``max_concurrency``; ``held_by`` names what sets
+    that bound, for ``Progress.held_by`` (default: "max_concurrency N").
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class Worker:
         *,
         concurrency: int | None,
         max_concurrency: int = 256,
+        held_by: str | None = None,
         limiter: RateLimiter | Limiters | None = None,
         breaker: CircuitBreaker | None = None,
         retry: RetryPolicy = RetryPolicy(),
@@ -131,15 +137,15 @@ class Worker:
     ) -> None:
         self._store = store
         self._provider = provider
-        self._senders = max_concurrency if concurrency is None else concurrency
         if isinstance(limiter, RateLimiter):
             limiter = Limiters.shared(limiter)
         self._limiters = limiter or Limiters()
         self._auto: AutoConcurrency | None = None
         if concurrency is None:
-            self._auto = AutoConcurrency(self._limiters, max_concurrency)
+            self._auto = AutoConcurrency(self._limiters, max_concurrency, held_by=held_by)
             concurrency = self._auto.size  # may send now
         self._concurrency = concurrency
+        self._senders: list[asyncio.Task[None]] = []
         self._breaker = breaker or CircuitBreaker()
         # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
         self._timeouts = timeouts
@@ -152,6 +158,7 @@ class Worker:
         self.costs = costs or CostMeter({})  # prices each reply; keeps --max-cost
         self.progress = progress or Progress()
         self.progress.concurrency = self._concurrency
+        self.progress.held_by = self._auto.held_by if self._auto is not None else None
         self.fatal: ProviderError | None = None
         self._queue = _JobQueue()
         self._pending: list[Outcome] = []  # outcomes not yet handed to the store
@@ -181,7 +188,8 @@ class Worker:
 
     async def run(self) -> Progress:
         """Work until nothing is queued, a fatal error, or ``stop()``; then release leftovers."""
-        senders = [asyncio.create_task(self._send_loop()) for _ in range(self._senders)]
+        self._add_senders(self._concurrency if self._auto is None else self._auto.senders)
+        senders = self._senders  # grows while it runs, under --concurrency auto
         try:
             await self._store_loop()
         finally:
@@ -229,6 +237,20 @@ class Worker:
         else:
             p.waiting = waiting_text(models, now=now, in_flight=p.in_flight, retry_in_s=retry_in_s)
 
+    def _add_senders(self, wanted: int) -> None:
+        """Start sender tasks up to ``wanted``: under --concurrency auto as its size grows, so
+        a bound of thousands costs no tasks until the limits need them."""
+        for _ in range(wanted - len(self._senders)):
+            self._senders.append(asyncio.create_task(self._send_loop()))
+
+    def _resized(self) -> None:
+        """--concurrency auto changed its size: more senders if it needs them."""
+        auto = self._auto
+        assert auto is not None
+        self._concurrency = self.progress.concurrency = auto.size
+        self.progress.held_by = auto.held_by
+        self._add_senders(auto.senders)
+
     # -- the store side: one task, so transactions never interleave ----------------------
 
     async def _store_loop(self) -> None:
@@ -241,6 +263,8 @@ class Worker:
                 continue
             if time.monotonic() >= self._recount_at:
                 await self._recount()
+            if self._auto is not None and self._auto.tick():
+                self._resized()
             worked = await self._cycle()
             if not self._claimed:  # nothing queued, waiting, in flight or unrecorded
                 due = await self._store.next_due_at()
@@ -405,6 +429,8 @@ class Worker:
             return  # stopped while the limiter (or the cost cap) held us: not sent
         progress = self.progress
         progress.in_flight += 1
+        if progress.in_flight > progress.max_in_flight:
+            progress.max_in_flight = progress.in_flight
         self._sent.append(job.id)  # its attempt is counted at the next store cycle
         started = time.time()
         try:
@@ -542,8 +568,9 @@ class Worker:
         self._breaker.record(False)
         if self._timeouts is not None:
             self._learned(charge.model, finished - started)
-        if self._auto is not None and self._auto.observe(finished - started):
-            self._concurrency = self.progress.concurrency = self._auto.size
+        auto = self._auto
+        if auto is not None and auto.observe(finished - started, self.progress.in_flight):
+            self._resized()
         return Outcome(
             job.id,
             DONE,
@@ -573,6 +600,8 @@ class Worker:
         rate_limited = err.error_type == "rate_limit"
         if rate_limited:
             limiter.refund(ticket)  # a 429 is not counted against the limits
+            if self._auto is not None and self._auto.refused(self.progress.in_flight):
+                self._resized()
         outage_like = err.error_type in OUTAGE_ERRORS
         if outage_like:
             self.progress.last_error = err.message

@@ -1,0 +1,147 @@
+"""Benchmark: does ``--concurrency auto`` reach a high tier's quota at seconds of latency, and
+keep a one-slot server at about one in flight?
+
+Each scenario starts ``tests/fakeserver.py``'s ``FakeServer`` in a thread of this process and
+runs ``aiq run FILE --json`` against it as a subprocess (``PYTHONPATH`` = this checkout's
+``src/``). Reported: efficiency (the least time the limit allows for the requests, plus one mean
+latency, over the subprocess's wall time; and of the sending phase alone, first request to
+last at the server), the share of 429s, the most in flight (aiq's
+``max_in_flight``), and aiq's CPU (user + system of the subprocess over its wall time) and peak
+memory.
+
+    .venv/bin/python bench/concurrency.py                      # every scenario
+    .venv/bin/python bench/concurrency.py --scenarios high-tier
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fakeserver import FakeServer  # noqa: E402
+
+API_KEY = "sk-test"
+
+
+class SpreadServer(FakeServer):
+    """A FakeServer whose latency is drawn for each request: uniform in mean ± spread."""
+
+    def __init__(self, *, mean_s: float, spread_s: float, **knobs: object) -> None:
+        self._mean_s, self._spread_s = mean_s, spread_s
+        self._rng = random.Random(0)
+        super().__init__(**knobs)  # type: ignore[arg-type]
+
+    @property  # type: ignore[override]
+    def latency_s(self) -> float:  # read once per request by the handler
+        return self._rng.uniform(self._mean_s - self._spread_s, self._mean_s + self._spread_s)
+
+    @latency_s.setter
+    def latency_s(self, _value: float) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    description: str
+    jobs: int
+    mean_s: float
+    spread_s: float = 0.0
+    rpm: int | None = None  # the server's limit, and what aiq is told with --rpm
+    max_parallel: int | None = None
+    aiq_flags: tuple[str, ...] = ()
+
+
+SCENARIOS = {
+    "high-tier": Scenario(
+        "30,000 RPM, 3 s ± 1 s latency, aiq --rpm 30000", 12_000, 3.0, 1.0, rpm=30_000
+    ),
+    "long-latency": Scenario(
+        "6,000 RPM, 20 s ± 5 s latency, aiq --rpm 6000", 3000, 20.0, 5.0, rpm=6000
+    ),
+    "one-slot-auto": Scenario(
+        "one slot (llama.cpp), 0.2 s, no limits, auto", 60, 0.2, max_parallel=1
+    ),
+    "one-slot-fixed-1": Scenario(
+        "one slot (llama.cpp), 0.2 s, no limits, --concurrency 1",
+        60,
+        0.2,
+        max_parallel=1,
+        aiq_flags=("--concurrency", "1"),
+    ),
+}
+
+
+def run(name: str, s: Scenario) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.jsonl"
+        path.write_text(
+            "".join(
+                json.dumps({"custom_id": f"c{i}", "prompt": f"prompt number {i}"}) + "\n"
+                for i in range(s.jobs)
+            )
+        )
+        knobs: dict[str, object] = {"require_key": API_KEY, "record": True}
+        if s.rpm:
+            knobs["rpm"] = s.rpm
+        if s.max_parallel:
+            knobs["max_parallel"] = s.max_parallel
+        with SpreadServer(mean_s=s.mean_s, spread_s=s.spread_s, **knobs) as server:
+            flags = [*s.aiq_flags, *(("--rpm", str(s.rpm)) if s.rpm else ())]
+            db = str(Path(tmp) / "aiq.db")
+            cmd = [sys.executable, "-m", "aiq", "run", str(path), "--base-url", server.base_url,
+                   "--model", "gpt-4o-mini", "--json", "--db", db, *flags]  # fmt: skip
+            env = {**os.environ, "OPENAI_API_KEY": API_KEY, "PYTHONPATH": str(ROOT / "src")}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.monotonic()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            wall_s = time.monotonic() - started
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            requests = server.requests
+    if proc.returncode != 0:
+        raise SystemExit(f"{name}: aiq exited {proc.returncode}: {proc.stderr[-2000:]}")
+    summary = json.loads(proc.stdout)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    rate = (s.rpm / 60) if s.rpm else (s.max_parallel or 1) / s.mean_s
+    least_s = s.jobs / rate + s.mean_s
+    refused = sum(1 for r in requests if r.status == 429)
+    # The sending phase alone, on the server's clock (as bench/limits.py measures it): the
+    # least time the pace allows from the first request to the last, over the time it took.
+    arrived = sorted(r.received for r in requests if r.counted)
+    send_s = arrived[-1] - arrived[0]
+    least_send_s = (len(arrived) - 1) / rate
+    return {
+        "scenario": name,
+        "wall_s": round(wall_s, 1),
+        "least_s": round(least_s, 1),
+        "efficiency": round(least_s / wall_s, 3),
+        "send_efficiency": round(least_send_s / send_s, 3) if send_s else None,
+        "share_429": round(refused / max(1, len(requests)), 4),
+        "max_in_flight": summary["max_in_flight"],
+        "held_by": summary["held_by"],
+        "aiq_cpu": round(cpu_s / wall_s, 2),
+        "aiq_peak_rss_mb": round(after.ru_maxrss / 1024),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenarios", nargs="*", default=list(SCENARIOS))
+    args = parser.parse_args()
+    for name in args.scenarios:
+        print(json.dumps(run(name, SCENARIOS[name])), flush=True)
+
+
+if __name__ == "__main__":
+    main()

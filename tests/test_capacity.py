@@ -1,0 +1,177 @@
+"""The capacity probe (aiq.capacity) against a simulated server: a number of slots, each serving
+one request at a time for a drawn latency, and a queue in front of them. A client keeps as many
+requests out as the probe allows; time is the simulation's, so nothing sleeps."""
+
+from __future__ import annotations
+
+import heapq
+import random
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from aiq.capacity import CapacityProbe
+
+
+@dataclass
+class Run:
+    limits: list[int] = field(default_factory=list)  # the probe's limit after each reply
+    latencies: list[float] = field(default_factory=list)
+    most_in_flight: int = 0
+    took_s: float = 0.0
+
+    def settled(self) -> list[int]:
+        """The limits over the second half of the run, once startup is long over."""
+        return self.limits[len(self.limits) // 2 :]
+
+
+def simulate(
+    slots: int,
+    service_s: Callable[[random.Random], float],
+    jobs: int,
+    *,
+    ceiling: int = 10_000,
+    seed: int = 0,
+    refuse_over: int | None = None,
+    refuse_share: float = 0.0,
+) -> tuple[Run, CapacityProbe]:
+    """Send ``jobs`` requests to a server with ``slots`` (and, with ``refuse_over``, a 429 for
+    any request beyond that many in flight, as a gateway's parallel limit gives; with
+    ``refuse_share``, a 429 for that share of requests at random), keeping the probe's limit
+    in flight."""
+    rng = random.Random(seed)
+    refusals = random.Random(seed + 1)
+    now = 0.0
+    probe = CapacityProbe(ceiling=ceiling, clock=lambda: now)
+    run = Run()
+    finishing: list[tuple[float, int, float]] = []  # (done at, tie-break, sent at)
+    waiting: deque[float] = deque()  # sent, queued at the server
+    busy = in_flight = sent = seq = 0
+
+    def serve(sent_at: float) -> None:
+        nonlocal busy, seq
+        busy += 1
+        seq += 1
+        heapq.heappush(finishing, (now + service_s(rng), seq, sent_at))
+
+    def send() -> None:
+        nonlocal in_flight, sent
+        while in_flight < probe.limit and sent < jobs:
+            if refuse_over is not None and in_flight >= refuse_over:
+                probe.cut(in_flight + 1)  # answered 429 at once; the job is tried again later
+                break
+            if refuse_share and refusals.random() < refuse_share:
+                probe.cut(in_flight + 1)  # answered 429 at once; tried again at once
+                continue
+            in_flight += 1
+            sent += 1
+            run.most_in_flight = max(run.most_in_flight, in_flight)
+            if busy < slots:
+                serve(now)
+            else:
+                waiting.append(now)
+
+    send()
+    while finishing:
+        now, _, sent_at = heapq.heappop(finishing)
+        busy -= 1
+        if waiting:
+            serve(waiting.popleft())
+        probe.observe(now - sent_at, in_flight)
+        in_flight -= 1
+        run.limits.append(probe.limit)
+        run.latencies.append(now - sent_at)
+        send()
+    run.took_s = now
+    return run, probe
+
+
+def _fixed(seconds: float) -> Callable[[random.Random], float]:
+    return lambda rng: seconds
+
+
+@pytest.mark.parametrize(
+    "service_s",
+    [
+        _fixed(0.8),
+        lambda rng: rng.uniform(0.3, 1.3),  # output lengths vary
+        lambda rng: rng.expovariate(1 / 0.8),  # a long tail
+    ],
+    ids=["fixed", "uniform", "exponential"],
+)
+def test_a_server_that_serves_one_at_a_time_gets_about_one(service_s) -> None:
+    run, _ = simulate(1, service_s, 300)
+    assert run.most_in_flight <= 3  # startup tries two (and three at most), never 32
+    assert statistics.mean(run.settled()) <= 1.5
+    # No throughput lost to it: 300 jobs in about 300 mean service times (0.8 s each), as
+    # one at a time would take.
+    assert run.took_s <= 300 * 0.8 * 1.15
+
+
+def test_its_latency_stays_near_the_servers_own() -> None:
+    run, _ = simulate(1, _fixed(0.8), 300)
+    # 32 in flight would make every request wait for 31 others: 25 s, not 0.8 s.
+    assert statistics.median(run.latencies) <= 1.6
+
+
+def test_a_server_with_200_slots_gets_about_200() -> None:
+    run, probe = simulate(200, _fixed(1.0), 20_000)
+    settled = run.settled()
+    assert 170 <= statistics.median(settled) <= 260  # well above the 32 a fixed guess gave
+    assert run.most_in_flight <= 512  # startup overshoots by one doubling at most
+    assert not probe.capped
+    # Throughput near the 200/s the server gives: 20,000 jobs in ~100 s, plus the ramp.
+    assert run.took_s <= 140
+
+
+def test_a_large_gateway_with_a_spread_of_latency_gets_hundreds() -> None:
+    run, _ = simulate(1000, lambda rng: max(0.1, rng.gauss(3.0, 1.0)), 60_000)
+    assert 850 <= statistics.median(run.settled()) <= 1300
+
+
+def test_a_few_slots_with_noisy_latency_get_a_few() -> None:
+    run, _ = simulate(4, lambda rng: rng.lognormvariate(0, 0.5), 600)
+    assert 3 <= statistics.median(run.settled()) <= 8
+
+
+def test_the_ceiling_bounds_it_and_says_so() -> None:
+    run, probe = simulate(1000, _fixed(1.0), 20_000, ceiling=100)
+    assert max(run.limits) == 100 == run.most_in_flight
+    assert probe.capped  # the server took every one: it would take more
+
+
+def test_a_parallel_limit_answered_with_429s_cuts_it_below_the_limit() -> None:
+    run, _ = simulate(1000, _fixed(1.0), 5_000, refuse_over=50)
+    assert run.most_in_flight <= 50
+    assert 20 <= statistics.median(run.settled()) <= 50
+
+
+def test_replies_to_requests_sent_before_a_change_do_not_count_for_it() -> None:
+    now = 0.0
+    probe = CapacityProbe(ceiling=100, clock=lambda: now)
+    # A reply that left before the probe began is no news of any limit the probe set.
+    for _ in range(20):
+        now += 1.0
+        assert not probe.observe(latency_s=now + 1, in_flight=1)
+    assert probe.limit == 1
+
+
+def test_too_few_jobs_to_fill_the_limit_say_nothing_of_the_server() -> None:
+    now = 0.0
+    probe = CapacityProbe(ceiling=100, clock=lambda: now)
+    probe.limit = 16  # as if startup had got there
+    for _ in range(200):  # one request at a time, 1 s each: the run has run out of jobs
+        now += 1.0
+        probe.observe(latency_s=1.0, in_flight=1)
+    assert probe.limit == 16  # neither grown nor cut: the server was never asked for more
+
+
+def test_a_429_now_and_then_does_not_keep_a_large_server_small() -> None:
+    # The simulated provider (and a busy upstream) refuses a few requests at random: no sign
+    # of a limit on how many may be in flight.
+    # (Now and then three fall in one small round and cut it; it grows back by probing.)
+    run, _ = simulate(200, _fixed(1.0), 20_000, refuse_share=0.05)
+    assert statistics.median(run.settled()) >= 80
