@@ -234,9 +234,10 @@ class PerSecond(OpenAIBucket):
     refilled at 20/s. ``x-ratelimit-limit-requests`` says 1200, ``remaining`` is the bucket's
     level (0-20), ``reset`` the time until it is full (under a second).
 
-    Source: OpenAI's rate-limits guide ("your rate limit may be quantized, meaning it is
-    enforced over shorter periods of time": 60,000 rpm "may be enforced as 1,000 requests per
-    second"); the reporting is what issue 12 measured on a gateway doing so.
+    Source: OpenAI's rate-limits guide says a limit may be "quantized", enforced over shorter
+    periods at high rates (PROVIDERS.md; the guide's exact wording is *unverified* here, the
+    search tool found no copy of it); the reporting, a per-minute limit beside a short bucket's
+    level and reset, is what issue 12 measured on a server enforcing so.
     """
 
     def __init__(self, *, rpm: int | None = None, tpm: int | None = None) -> None:
