@@ -13,6 +13,9 @@ headers, another client on the key), runs ``aiq run`` against it as a subprocess
 - **efficiency**: (least s + one latency) / wall, where wall runs from the first request's
   arrival to the last reply (interpreter start and export are outside it). A run not done by
   ``--timeout`` is killed; its efficiency is then at most the figure shown (``<=``).
+- **paced**: the same against the limit's sustained rate alone, ``(jobs - 1) / rate`` + one
+  latency, over wall: how near aiq comes once the burst a full bucket offers is set aside
+  (rows without a rate: the same as efficiency).
 - **429 share**: POSTs answered 429 over all POSTs.
 
     .venv/bin/python bench/limit_modes.py                     # every row, once
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,14 +56,18 @@ class Row:
     aiq_flags: tuple[str, ...] = ()
     latency_s: float = 0.2
     provider: str = "openai"
+    rpm: float | None = None  # the sustained rate the mode allows, for the "paced" column
 
 
 def _rows() -> dict[str, Row]:
     rows: dict[str, Row] = {}
 
     def pair(name: str, text: str, jobs: int, mode: Callable[[float], fl.Mode], flags: tuple):
-        rows[f"{name}-configured"] = Row(f"{text}, aiq {' '.join(flags)}", jobs, mode, flags)
-        rows[f"{name}-learned"] = Row(f"{text}, aiq told nothing", jobs, mode)
+        rpm = float(flags[1])
+        rows[f"{name}-configured"] = Row(
+            f"{text}, aiq {' '.join(flags)}", jobs, mode, flags, rpm=rpm
+        )
+        rows[f"{name}-learned"] = Row(f"{text}, aiq told nothing", jobs, mode, rpm=rpm)
 
     pair("a-openai", "OpenAI bucket 600 rpm, full at start", 400,
          lambda t0: fl.OpenAIBucket(rpm=600), ("--rpm", "600"))  # fmt: skip
@@ -77,6 +84,8 @@ def _rows() -> dict[str, Row]:
     pair("g-other-client", "OpenAI bucket 600 rpm, another client at 300 rpm for 20 s", 400,
          lambda t0: fl.OtherClient(fl.OpenAIBucket(rpm=600), rpm=300, start_at=t0,
                                    stop_at=t0 + 20), ("--rpm", "600"))  # fmt: skip
+    for name in ("g-other-client-configured", "g-other-client-learned"):
+        rows[name] = replace(rows[name], rpm=None)  # no one rate: the other client's share
     big = 10_000_000
     for name, flags in (("configured", ("--rpm", "600")), ("learned", ())):
         rows[f"e-anthropic-{name}"] = Row(
@@ -85,6 +94,7 @@ def _rows() -> dict[str, Row]:
             lambda t0: fl.AnthropicBuckets(rpm=600, itpm=big, otpm=big),
             flags,
             provider="anthropic",
+            rpm=600,
         )
     for name, flags in (("configured", ("--concurrency", "1")), ("learned", ())):
         rows[f"f-one-slot-{name}"] = Row(
@@ -102,6 +112,7 @@ ROWS = _rows()
 @dataclass
 class Result:
     efficiency: float
+    paced: float
     timed_out: bool
     done: int
     share_429: float
@@ -161,8 +172,10 @@ def run_once(row: Row, workdir: Path, timeout_s: float) -> Result:
     if timed_out:
         wall = max(wall, timeout_s)
     least = least_s(row, t0, first + mono_to_wall)
+    paced = least if row.rpm is None else (row.jobs - 1) / (row.rpm / 60)
     return Result(
         efficiency=(least + row.latency_s) / wall,
+        paced=(paced + row.latency_s) / wall,
         timed_out=timed_out or done < row.jobs,
         done=done,
         share_429=sum(r.status == 429 for r in posts) / len(posts),
@@ -175,14 +188,16 @@ def run_once(row: Row, workdir: Path, timeout_s: float) -> Result:
 
 def table(results: dict[str, Result]) -> str:
     lines = [
-        "| row | jobs | done | least s | wall s | efficiency | 429s / calls | max in flight |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| row | jobs | done | least s | wall s | efficiency | paced | 429s / calls "
+        "| max in flight |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         bound = "<= " if r.timed_out else ""
         lines.append(
             f"| {name} | {ROWS[name].jobs:,} | {r.done:,} | {r.least_s:.1f} | {r.wall_s:.1f} "
-            f"| {bound}{r.efficiency:.3f} | {r.share_429:.2%} ({r.posts - r.done:,} extra) "
+            f"| {bound}{r.efficiency:.3f} | {bound}{r.paced:.3f} "
+            f"| {r.share_429:.2%} ({r.posts - r.done:,} extra) "
             f"| {r.max_in_flight} |"
         )
     return "\n".join(lines)
