@@ -51,7 +51,8 @@ Rate limits as a given provider or gateway counts them (``tests/fake_limits.py``
   provider's 429 and writes its headers, in place of ``rpm`` / ``tpm`` (which must then be
   unset). ``limit_clock`` is its clock (``time.time``; a test may pass a fake one). A mode with
   ``slots`` serves that many requests at once (their ``latency_s``); the rest queue.
-  ``max_in_flight`` is the most served at once so far.
+  ``max_in_flight`` is the most requests held at once so far, queued or served (counted while
+  ``latency_s`` or ``slots`` is set).
 
 Faults, for the requests the limiter admitted:
 
@@ -808,14 +809,15 @@ class FakeServer:
         return await self._inject(ex, path, *drawn)
 
     async def _serve(self, seconds: float) -> None:
-        """The model's work on one request: ``seconds``, in one of the mode's slots if any."""
-        async with self._slots or contextlib.nullcontext():
-            self._in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self._in_flight)
-            try:
+        """The model's work on one request: ``seconds``, in one of the mode's slots if any.
+        ``max_in_flight`` counts the requests held at once, queued for a slot or served."""
+        self._in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        try:
+            async with self._slots or contextlib.nullcontext():
                 await asyncio.sleep(seconds)
-            finally:
-                self._in_flight -= 1
+        finally:
+            self._in_flight -= 1
 
     def _build(self, path: str, body: Any, prompt: str) -> dict:
         """The 200 reply to a request; an Anthropic one with its prompt-cache usage. A limit

@@ -7,6 +7,7 @@ windows start there), and through a real ``FakeServer`` over HTTP where the plum
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import time
@@ -317,12 +318,15 @@ async def _post_many(base_url: str, n: int) -> list[float]:
 def test_a_one_slot_server_queues_the_rest() -> None:
     with FakeServer(limit_mode=Headerless(slots=1), latency_s=0.1) as server:
         took = asyncio.run(_post_many(server.base_url, 4))
-        assert server.max_in_flight == 1
+        assert server.max_in_flight == 4  # all four held at once, three of them queued
     assert sorted(took)[-1] >= 0.4  # the last waited for the three before it
+    settled = sorted(r.monotonic for r in server.requests)
+    assert all(b - a >= 0.09 for a, b in itertools.pairwise(settled))  # served one by one
     assert not any(r.status == 429 for r in server.requests)
     with FakeServer(limit_mode=Headerless(slots=4), latency_s=0.1) as wide:
-        asyncio.run(_post_many(wide.base_url, 4))
+        took = asyncio.run(_post_many(wide.base_url, 4))
         assert wide.max_in_flight == 4
+    assert max(took) < 0.35
 
 
 # -- g. another client on the same key ------------------------------------------------------------
