@@ -768,7 +768,7 @@ class FakeServer:
         ex = _Exchange(request, raw, body, prompt_of(path, body), time.monotonic())
         ex.anthropic = path == anthropic.PATH
         mode = self.limit_mode
-        if self._record or self.tpm is not None or mode is not None:  # a benchmark's skip it
+        if self._record or self.tpm is not None or mode is not None:  # a benchmark skips the count
             ex.tokens = request_tokens(path, body)
         if (until := self.outage_until) is not None and ex.received < until:
             return self._outage(ex)
