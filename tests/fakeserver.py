@@ -43,6 +43,17 @@ Rate limits, as OpenAI enforces them (see ``_RateLimiter``):
   as providers may (choose limits divisible by 60 then). The window slides: no span of
   ``limit_window_s`` seconds ever admits more than the limit.
 
+Rate limits as a given provider or gateway counts them (``tests/fake_limits.py``):
+
+- ``limit_mode``: a ``fake_limits.Mode`` (OpenAI's bucket, per-second enforcement, LiteLLM's
+  calendar minutes, Azure's 10-second windows, Groq's per-day requests, Anthropic's buckets, no
+  headers at all, another client on the key). It admits or refuses each request with that
+  provider's 429 and writes its headers, in place of ``rpm`` / ``tpm`` (which must then be
+  unset). ``limit_clock`` is its clock (``time.time``; a test may pass a fake one). A mode with
+  ``slots`` serves that many requests at once (their ``latency_s``); the rest queue.
+  ``max_in_flight`` is the most requests held at once so far, queued or served (counted while
+  ``latency_s`` or ``slots`` is set).
+
 Faults, for the requests the limiter admitted:
 
 - ``reject_marker``: a request whose text contains it gets a permanent 400.
@@ -85,6 +96,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import fake_anthropic as anthropic
+import fake_limits
 import orjson
 from aiohttp import web
 
@@ -339,18 +351,7 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def openai_duration(seconds: float) -> str:
-    """``seconds`` as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``120ms``, ``59.99s``,
-    ``6m0s``, ``1h2m5.5s`` (Go's duration format, to the millisecond)."""
-    ms = max(0, round(seconds * 1000))
-    if ms < 1000:
-        return f"{ms}ms" if ms else "0s"
-    hours, ms = divmod(ms, 3_600_000)
-    minutes, ms = divmod(ms, 60_000)
-    text = f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
-    if hours or minutes:
-        text = f"{minutes}m{text}"
-    return f"{hours}h{text}" if hours else text
+openai_duration = fake_limits.openai_duration
 
 
 def malformed_body(payload: dict, *, truncate: bool) -> bytes:
@@ -580,6 +581,8 @@ class FakeServer:
         outage_until: float | None = None,
         outage_fault: Literal["503", "reset"] = "503",
         max_parallel: int | None = None,
+        limit_mode: fake_limits.Mode | None = None,
+        limit_clock: Callable[[], float] = time.time,
     ) -> None:
         self.reject_marker = reject_marker
         self.transient_rate = transient_rate
@@ -602,7 +605,10 @@ class FakeServer:
         self.outage_until = outage_until
         self.outage_fault = outage_fault
         self.max_parallel = max_parallel
-        self._slots: asyncio.Semaphore | None = None
+        self.limit_mode = limit_mode
+        self.limit_clock = limit_clock
+        self.max_in_flight = 0
+        self._in_flight = 0
         self._check_knobs()
         self._record = record
         self._lock = threading.Lock()
@@ -610,6 +616,7 @@ class FakeServer:
         self._cached: set[str] = set()  # Anthropic prompt-cache prefixes written so far
         self._seen: Counter[bytes] = Counter()  # body -> times drawn for, so retries redraw
         self._limiter = _RateLimiter()
+        self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -627,6 +634,8 @@ class FakeServer:
             limit = getattr(self, name)
             if limit is not None and limit * self.limit_window_s / 60 < 1:
                 raise ValueError(f"{name} allows less than one per {self.limit_window_s} s window")
+        if self.limit_mode is not None and (self.rpm is not None or self.tpm is not None):
+            raise ValueError("with a limit_mode, set its limits on the mode, not rpm / tpm")
         if self.outage_fault not in ("503", "reset"):
             raise ValueError('outage_fault must be "503" or "reset"')
 
@@ -670,8 +679,9 @@ class FakeServer:
         """Serve until :meth:`stop` (or cancellation); ``on_ready(port)`` once listening."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        if self.max_parallel is not None:
-            self._slots = asyncio.Semaphore(self.max_parallel)
+        slots = self.limit_mode.slots if self.limit_mode is not None else None
+        slots = slots or self.max_parallel
+        self._slots = asyncio.Semaphore(slots) if slots else None
         app = web.Application()
         app.router.add_post("/v1/{endpoint:.*}", self._handle_post)
         app.router.add_get("/v1/models", self._handle_models)
@@ -762,13 +772,23 @@ class FakeServer:
             body = None
         ex = _Exchange(request, raw, body, prompt_of(path, body), time.monotonic())
         ex.anthropic = path == anthropic.PATH
-        if self._record or self.tpm is not None:  # the hot path of a benchmark skips the count
+        mode = self.limit_mode
+        if self._record or self.tpm is not None or mode is not None:  # a benchmark skips the count
             ex.tokens = request_tokens(path, body)
         if (until := self.outage_until) is not None and ex.received < until:
             return self._outage(ex)
         refused = self._refused(request, path, body)
         if refused is None:
-            if self.rpm is not None or self.tpm is not None:
+            if mode is not None:
+                cost = fake_limits.Cost(
+                    tokens=ex.tokens,
+                    input_tokens=_tokens(_all_text(path, body)),
+                    model=(body.get("model") if isinstance(body, dict) else None) or MODEL,
+                )
+                if (no := mode.admit(self.limit_clock(), cost)) is not None:
+                    ex.fault = "rate_limit"
+                    return self._reply(ex, 429, no.payload, no.headers)
+            elif self.rpm is not None or self.tpm is not None:
                 verdict = self._limiter.judge(
                     ex.received,
                     rpm=self.rpm,
@@ -779,11 +799,8 @@ class FakeServer:
                 if verdict is not None:
                     return self._rate_limited(ex, *verdict)
             ex.counted = True
-        if self._slots is not None:
-            async with self._slots:
-                await asyncio.sleep(self.latency_s)
-        elif self.latency_s > 0:
-            await asyncio.sleep(self.latency_s)
+        if self.latency_s > 0 or self._slots is not None:
+            await self._serve(self.latency_s)
         if refused is not None:
             return self._reply(ex, *refused)
         if self._rejects(path, body, ex.prompt):
@@ -796,11 +813,25 @@ class FakeServer:
             return self._reply(ex, 200, self._build(path, body, ex.prompt))
         return await self._inject(ex, path, *drawn)
 
+    async def _serve(self, seconds: float) -> None:
+        """The model's work on one request: ``seconds``, in one of the mode's slots if any.
+        ``max_in_flight`` counts the requests held at once, queued for a slot or served."""
+        self._in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        try:
+            async with self._slots or contextlib.nullcontext():
+                await asyncio.sleep(seconds)
+        finally:
+            self._in_flight -= 1
+
     def _build(self, path: str, body: Any, prompt: str) -> dict:
-        """The 200 reply to a request; an Anthropic one with its prompt-cache usage."""
+        """The 200 reply to a request; an Anthropic one with its prompt-cache usage. A limit
+        mode that counts after the call (generated tokens) is told its usage."""
         payload = _BUILDERS[path](body, prompt)
         if path == anthropic.PATH:
             anthropic.account_cache(payload, body, self._cached, _tokens)
+        if self.limit_mode is not None:
+            self.limit_mode.settle(self.limit_clock(), payload.get("usage") or {})
         return payload
 
     def _refused(self, request: web.Request, path: str, body: Any) -> tuple[int, dict] | None:
@@ -981,7 +1012,9 @@ class FakeServer:
         headers = {"request-id" if ex.anthropic else "x-request-id": request_id}
         if extra_headers:
             headers.update(extra_headers)
-        if self.rpm is not None or self.tpm is not None:
+        if self.limit_mode is not None:
+            headers.update(self.limit_mode.headers(self.limit_clock()))
+        elif self.rpm is not None or self.tpm is not None:
             now = time.monotonic()
             if ex.anthropic:
                 windows = self._limiter.windows(now, rpm=self.rpm, tpm=self.tpm)
@@ -1065,11 +1098,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--limit-window", type=float, default=60.0, help="seconds; 1 enforces per second"
     )
+    parser.add_argument(
+        "--limit-mode",
+        choices=sorted(fake_limits.MODES),
+        default=None,
+        help="count --rpm/--tpm as this provider does (tests/fake_limits.py)",
+    )
+    parser.add_argument("--rpd", type=int, default=None, help="requests per day (groq)")
+    parser.add_argument("--slots", type=int, default=None, help="served at once (headerless)")
     rates = ["reject_rate", *(knob for kind, knob in _DRAWN if kind != "transient")]
     for knob in rates:
         parser.add_argument("--" + knob.replace("_", "-"), type=float, default=0.0)
     parser.add_argument("--hang", type=float, default=30.0, help="seconds a hang lasts")
     args = parser.parse_args(argv)
+    mode = None
+    if args.limit_mode is not None:
+        mode = fake_limits.build(
+            args.limit_mode, rpm=args.rpm, tpm=args.tpm, rpd=args.rpd, slots=args.slots
+        )
+        args.rpm = args.tpm = None
     server = FakeServer(
         port=args.port,
         latency_s=args.latency,
@@ -1080,6 +1127,7 @@ def main(argv: list[str] | None = None) -> None:
         tpm=args.tpm,
         limit_window_s=args.limit_window,
         hang_s=args.hang,
+        limit_mode=mode,
         record=False,  # a benchmark sends millions of requests; nobody reads the log
         **{knob: getattr(args, knob) for knob in rates},
     )

@@ -55,6 +55,13 @@ def test_backoff_rejects_attempt_zero() -> None:
         ),
         ({}, "Rate limit reached. Please try again in 18.6s.", 18.6),
         ({}, "Please try again in 120ms", 0.12),
+        ({"retry-after": "52.905443"}, "", 52.905443),  # LiteLLM's parallel limiter
+        ({"llm_provider-retry-after": "60"}, "", 60.0),  # LiteLLM's router, no standard header
+        ({"retry-after": "3", "llm_provider-retry-after": "60"}, "", 3.0),  # the standard wins
+        ({"retry-after-ms": "250", "llm_provider-retry-after": "60"}, "", 0.25),
+        ({"retry-after": "soon", "llm_provider-retry-after": "60"}, "", 60.0),
+        ({"llm_provider-retry-after": "60"}, "Please try again in 2s", 60.0),
+        ({"llm_provider-retry-after": "later"}, "", None),
         ({"retry-after": "soon"}, "", None),
         ({}, "no hint here", None),
     ],

@@ -464,7 +464,12 @@ def _send(
 
 @pytest.mark.parametrize(
     ("headers", "expected_s"),
-    [({"retry-after": "2"}, 2.0), ({"retry-after-ms": "1500"}, 1.5), ({}, None)],
+    [
+        ({"retry-after": "2"}, 2.0),
+        ({"retry-after-ms": "1500"}, 1.5),
+        ({"llm_provider-retry-after": "60"}, 60.0),  # LiteLLM router: its only hint
+        ({}, None),
+    ],
 )
 def test_provider_reads_the_servers_delay(headers: dict[str, str], expected_s: float) -> None:
     with pytest.raises(ProviderError) as info:

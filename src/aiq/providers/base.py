@@ -248,23 +248,38 @@ def fatal_hint(error_type: str, key_env: str) -> str:
 
 
 def retry_after_s(headers: httpx.Headers, message: str = "") -> float | None:
-    """The server's requested delay: retry-after-ms, retry-after (seconds or date), or text."""
+    """The server's requested delay: retry-after-ms, retry-after (seconds or date), LiteLLM's
+    llm_provider-retry-after, or text.
+
+    LiteLLM's proxy relays the headers of the exception behind a 429 with an ``llm_provider-``
+    prefix; its router's own rpm/tpm refusal asks for 60 s that way and sends no standard
+    header, so without this a client retries at once, again and again.
+    """
     if (ms := headers.get("retry-after-ms")) is not None:
         try:
             return max(0.0, float(ms) / 1000.0)
         except ValueError:
             pass
-    if (value := headers.get("retry-after")) is not None:
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            try:
-                when = parsedate_to_datetime(value)
-                date = parsedate_to_datetime(headers.get("date", value))
-                return max(0.0, (when - date).total_seconds())
-            except (TypeError, ValueError):
-                pass
+    for name in ("retry-after", "llm_provider-retry-after"):
+        value = headers.get(name)
+        if value is not None and (waited := _seconds(value, headers)) is not None:
+            return waited
     if m := _TRY_AGAIN.search(message):
         seconds = float(m.group(1))
         return seconds / 1000.0 if m.group(2).lower() == "ms" else seconds
     return None
+
+
+def _seconds(value: str, headers: httpx.Headers) -> float | None:
+    """A ``retry-after`` value in seconds: a number of seconds (LiteLLM sends fractions), or an
+    HTTP date taken against the reply's ``date``; None when it is neither."""
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+        date = parsedate_to_datetime(headers.get("date", value))
+        return max(0.0, (when - date).total_seconds())
+    except (TypeError, ValueError):
+        return None

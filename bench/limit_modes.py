@@ -1,0 +1,232 @@
+"""Benchmark: how close does ``aiq run`` come to the least time each way of counting allows?
+
+For each row it starts ``tests/fakeserver.py``'s ``FakeServer`` in a thread of this process with
+a rate-limit mode of ``tests/fake_limits.py`` (OpenAI's bucket, per-second enforcement, LiteLLM's
+and Azure's calendar windows, Groq's per-day header, Anthropic's buckets, a server with no
+headers, another client on the key), runs ``aiq run`` against it as a subprocess, told the limit
+(``configured``) or not (``learned``), and reads the server's log afterwards.
+
+- **least s**: the least time the mode allows from the first request to the last, found by
+  replaying the same number of requests against a fresh copy of the mode on a fake clock that
+  starts where aiq's first request arrived (so calendar windows fall alike), each sent the
+  moment the mode admits it; for a server with ``slots``, no less than the slots' queue needs.
+- **efficiency**: (least s + one latency) / wall, where wall runs from the first request's
+  arrival to the last reply (interpreter start and export are outside it). A run not done by
+  ``--timeout`` is killed; its efficiency is then at most the figure shown (``<=``).
+- **paced**: the same against the limit's sustained rate alone, ``(jobs - 1) / rate`` + one
+  latency, over wall: how near aiq comes once the burst a full bucket offers is set aside
+  (rows without a rate: the same as efficiency).
+- **429 share**: POSTs answered 429 over all POSTs.
+
+    .venv/bin/python bench/limit_modes.py                     # every row, once
+    .venv/bin/python bench/limit_modes.py --rows a-openai-configured,b-per-second-learned
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # fakeserver.py imports its siblings
+
+import fake_limits as fl  # noqa: E402
+from fakeserver import FakeServer  # noqa: E402
+
+API_KEY = "sk-test"
+STEP_S = 0.005  # the ideal client's clock step while it waits for the mode to admit
+
+
+@dataclass(frozen=True)
+class Row:
+    """A mode (built fresh from the run's start time), a batch, and what aiq is told."""
+
+    description: str
+    jobs: int
+    mode: Callable[[float], fl.Mode]
+    aiq_flags: tuple[str, ...] = ()
+    latency_s: float = 0.2
+    provider: str = "openai"
+    rpm: float | None = None  # the sustained rate the mode allows, for the "paced" column
+
+
+def _rows() -> dict[str, Row]:
+    rows: dict[str, Row] = {}
+
+    def pair(name: str, text: str, jobs: int, mode: Callable[[float], fl.Mode], flags: tuple):
+        rpm = float(flags[1])
+        rows[f"{name}-configured"] = Row(
+            f"{text}, aiq {' '.join(flags)}", jobs, mode, flags, rpm=rpm
+        )
+        rows[f"{name}-learned"] = Row(f"{text}, aiq told nothing", jobs, mode, rpm=rpm)
+
+    pair("a-openai", "OpenAI bucket 600 rpm, full at start", 400,
+         lambda t0: fl.OpenAIBucket(rpm=600), ("--rpm", "600"))  # fmt: skip
+    pair("b-per-second", "1,200 rpm as a 20-request bucket", 800,
+         lambda t0: fl.PerSecond(rpm=1200), ("--rpm", "1200"))  # fmt: skip
+    pair("c-litellm", "LiteLLM router rpm 600 per calendar minute (599 pass)", 400,
+         lambda t0: fl.LiteLLMRouter(rpm=600), ("--rpm", "600"))  # fmt: skip
+    pair("c-azure", "Azure 1,200 rpm as 200 per 10 s window", 800,
+         lambda t0: fl.AzureWindows(rpm=1200), ("--rpm", "1200"))  # fmt: skip
+    pair("d-groq", "Groq 14,400 per day in the header, 300 rpm unreported", 400,
+         lambda t0: fl.GroqDaily(rpd=14_400, rpm=300), ("--rpm", "300"))  # fmt: skip
+    pair("f-litellm-429", "no headers, 300 per calendar minute, llm_provider-retry-after", 400,
+         lambda t0: fl.Headerless(rpm=300, hint="llm_provider"), ("--rpm", "300"))  # fmt: skip
+    pair("g-other-client", "OpenAI bucket 600 rpm, another client at 300 rpm for 30 s", 800,
+         lambda t0: fl.OtherClient(fl.OpenAIBucket(rpm=600), rpm=300, start_at=t0,
+                                   stop_at=t0 + 30), ("--rpm", "600"))  # fmt: skip
+    for name in ("g-other-client-configured", "g-other-client-learned"):
+        rows[name] = replace(rows[name], rpm=None)  # no one rate: the other client's share
+    big = 10_000_000
+    for name, flags in (("configured", ("--rpm", "600")), ("learned", ())):
+        rows[f"e-anthropic-{name}"] = Row(
+            f"Anthropic buckets 600 rpm, aiq {' '.join(flags) or 'told nothing'}",
+            400,
+            lambda t0: fl.AnthropicBuckets(rpm=600, itpm=big, otpm=big),
+            flags,
+            provider="anthropic",
+            rpm=600,
+        )
+    for name, flags in (("configured", ("--concurrency", "1")), ("learned", ())):
+        rows[f"f-one-slot-{name}"] = Row(
+            f"no headers, one request at a time (0.2 s), aiq {' '.join(flags) or 'auto'}",
+            40,
+            lambda t0: fl.Headerless(slots=1),
+            flags,
+        )
+    return rows
+
+
+ROWS = _rows()
+
+
+@dataclass
+class Result:
+    efficiency: float
+    paced: float
+    timed_out: bool
+    done: int
+    share_429: float
+    posts: int
+    least_s: float
+    wall_s: float
+    max_in_flight: int
+
+
+def least_s(row: Row, t0: float, start: float) -> float:
+    """The least time from the first request to the last that a fresh copy of the mode
+    allows ``row.jobs`` requests, an ideal client sending each the moment it is admitted."""
+    mode, now, sent, last = row.mode(t0), start, 0, start
+    cost = fl.Cost(tokens=20, input_tokens=20)
+    while sent < row.jobs:
+        if mode.admit(now, cost) is None:
+            sent, last = sent + 1, now
+        else:
+            now += STEP_S
+    least = last - start
+    if mode.slots:
+        least = max(least, (math.ceil(row.jobs / mode.slots) - 1) * row.latency_s)
+    return least
+
+
+def run_once(row: Row, workdir: Path, timeout_s: float) -> Result:
+    prompts = workdir / "prompts.jsonl"
+    with prompts.open("w") as f:
+        for i in range(row.jobs):
+            f.write(json.dumps({"custom_id": f"q{i}", "prompt": f"Item {i}: say hi"}) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIQ_", "OPENAI_", "ANTH"))}
+    env.update({"OPENAI_API_KEY": API_KEY, "ANTHROPIC_API_KEY": API_KEY, "NO_COLOR": "1"})
+    env["PYTHONPATH"] = str(ROOT / "src")
+    t0 = time.time()
+    mono_to_wall = time.time() - time.monotonic()
+    server = FakeServer(limit_mode=row.mode(t0), latency_s=row.latency_s, record=True)
+    model = "claude-sonnet-4-5" if row.provider == "anthropic" else "gpt-4o-mini"
+    with server:
+        cmd = [
+            sys.executable, "-m", "aiq", "run", str(prompts), "--db", str(workdir / "aiq.db"),
+            "--provider", row.provider, "--base-url", server.base_url, "--model", model,
+            "--quiet", "--json", *row.aiq_flags,
+        ]  # fmt: skip
+        timed_out = False
+        try:
+            subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        log = server.requests
+        max_in_flight = server.max_in_flight
+    posts = [r for r in log if r.method == "POST"]
+    done = len({r.prompt for r in posts if r.status == 200})
+    if not posts:
+        raise SystemExit(f"{row.description}: aiq sent nothing")
+    first = min(r.received for r in posts)
+    wall = max(r.monotonic for r in posts) - first
+    if timed_out:
+        wall = max(wall, timeout_s)
+    least = least_s(row, t0, first + mono_to_wall)
+    paced = least if row.rpm is None else (row.jobs - 1) / (row.rpm / 60)
+    return Result(
+        efficiency=(least + row.latency_s) / wall,
+        paced=(paced + row.latency_s) / wall,
+        timed_out=timed_out or done < row.jobs,
+        done=done,
+        share_429=sum(r.status == 429 for r in posts) / len(posts),
+        posts=len(posts),
+        least_s=least,
+        wall_s=wall,
+        max_in_flight=max_in_flight,
+    )
+
+
+def table(results: dict[str, Result]) -> str:
+    lines = [
+        "| row | jobs | done | least s | wall s | efficiency | paced | 429s / calls "
+        "| max in flight |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in results.items():
+        bound = "<= " if r.timed_out else ""
+        lines.append(
+            f"| {name} | {ROWS[name].jobs:,} | {r.done:,} | {r.least_s:.1f} | {r.wall_s:.1f} "
+            f"| {bound}{r.efficiency:.3f} | {bound}{r.paced:.3f} "
+            f"| {r.share_429:.2%} ({r.posts - r.done:,} extra) "
+            f"| {r.max_in_flight} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated")
+    parser.add_argument("--timeout", type=float, default=90.0, help="seconds per run")
+    args = parser.parse_args()
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(f"aiq at {head}, python {sys.version.split()[0]}, load average {os.getloadavg()}")
+    results = {}
+    for name in args.rows.split(","):
+        print(f"  {name}: {ROWS[name].description}", file=sys.stderr, flush=True)
+        with tempfile.TemporaryDirectory(prefix="aiq-modes-") as tmp:
+            results[name] = run_once(ROWS[name], Path(tmp), args.timeout)
+        r = results[name]
+        print(
+            f"    efficiency {r.efficiency:.3f}, {r.done}/{ROWS[name].jobs} done, "
+            f"{r.share_429:.2%} 429s, wall {r.wall_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(f"load average after: {os.getloadavg()}")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
