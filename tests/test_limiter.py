@@ -179,7 +179,11 @@ def test_limits_are_learned_from_headers_when_none_are_configured() -> None:
     clock = FakeClock()
     lim = limiter(clock)
     assert lim.limits.rpm is None and lim.requests_per_s() is None
-    lim.observe(unlimited_info(requests=Window(600, 599, 0.1), tokens=Window(90_000, 89_000, 1)))
+    # As the fake server reports a sliding minute (reset: until the window is empty): no
+    # minute's bucket is shown, so the learned limit is paced, not burst.
+    lim.observe(
+        unlimited_info(requests=Window(600, 599, 59.9), tokens=Window(90_000, 89_000, 59.9))
+    )
     assert (lim.limits.rpm, lim.limits.tpm) == (600, 90_000)
     assert lim.learned
     times = drain(lim, clock, 11)

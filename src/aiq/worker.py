@@ -475,6 +475,7 @@ class Worker:
         rate_limited = err.error_type == "rate_limit"
         if rate_limited:
             limiter.refund(ticket)  # a 429 is not counted against the limits
+            limiter.rate_limited()  # and after a burst, it says to pace instead
         outage_like = err.error_type in OUTAGE_ERRORS
         if outage_like:
             self.progress.last_error = err.message
