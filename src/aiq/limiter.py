@@ -93,7 +93,8 @@ class Budget:
         # A short window's cap: at most ``_cap_left`` more bookings before ``_cap_until``.
         self._cap_left = math.inf
         self._cap_until = -math.inf
-        self.burst = False  # the headers show a minute's bucket: what it holds may go at once
+        self._bucket = False  # the headers show a minute's bucket, refilled continuously
+        self.burst = False  # ...and what it holds may go at once
         self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
 
     def set_limit(self, per_minute: float) -> None:
@@ -129,7 +130,7 @@ class Budget:
             at = self._cap_until
         if at < self._outside_until:
             at = min(self._outside_until, self._fit_beside_outside(at, cost))
-        if not self.burst:
+        if not self._bucket:
             return at
         # The bucket holds ``cost`` once it is that far from full.
         need = min(cost, self._capacity)
@@ -229,7 +230,8 @@ class Budget:
           ``reset`` = time to full): what it holds may go at once (:attr:`burst`), then the
           pace, the bucket refilling at it; the 60-second guard stands aside, as the bucket
           allows more than a minute's worth in the first minute. A 429 ends bursts for the
-          run (per-second enforcement behind minute headers).
+          run (per-second enforcement behind minute headers); the bucket, refilling at the
+          pace, still says what is left.
         - **A short window** (``reset`` under ``SHORT_WINDOW_S`` and ``capacity`` below the
           limit: per-second or 10-second enforcement, fixed or refilled): no more than
           ``remaining`` goes before ``reset``, then the pace. It holds at most ``reset``.
@@ -263,12 +265,14 @@ class Budget:
         minute_bucket = reset is not None and abs(remaining + reset * per_s - window_limit) <= max(
             2.0, 0.05 * window_limit
         )
+        self._bucket = minute_bucket
         self.burst = minute_bucket and not self.burst_off
         if reset is not None and reset < SHORT_WINDOW_S and capacity < window_limit:
             self._cap_left = remaining - self._ahead(now, now + reset)
             self._cap_until = now + reset
-        elif self.burst:
-            self._guard = False  # the bucket allows more than a minute's worth in a minute
+        elif minute_bucket:
+            if self.burst:  # the bucket allows more than a minute's worth in a minute
+                self._guard = False
             # The bucket is ``remaining`` from full now, and our bookings not sent yet come
             # on top (the provider cannot have counted them).
             owed = capacity - remaining + self._ahead(now, math.inf)
