@@ -604,7 +604,7 @@ def test_a_lower_reported_limit_re_paces_slots_already_booked() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    limit=st.integers(60, 1200),
+    per_s=st.integers(1, 20),  # the limit per second: each window then allows a whole number
     shape=st.sampled_from(["bucket", "window"]),
     size=st.floats(0.0, 1.0),  # the bucket's capacity / the window's length, as a share
     outside=st.floats(0.0, 1.0),  # the share another client used before aiq started
@@ -612,22 +612,22 @@ def test_a_lower_reported_limit_re_paces_slots_already_booked() -> None:
     told=st.booleans(),
 )
 def test_synced_pace_never_falls_below_the_limit_once_the_window_has_refilled(
-    limit: int, shape: str, size: float, outside: float, phase: float, told: bool
+    per_s: int, shape: str, size: float, outside: float, phase: float, told: bool
 ) -> None:
     """Any bucket (capacity 1 to a minute's worth) or fixed window (1 to 60 s) a provider may
     count in, another client's earlier usage in it, aiq configured or learning: once the
     provider's window has refilled from that usage, aiq sends at the limit less the headroom
     (a second's worth of slack), and a 429 is at most the first request or a burst's end."""
     clock = FakeClock(0.0)
+    limit = per_s * 60
     lim = limiter(clock, rpm=limit) if told else limiter(clock)
-    per_s = limit / 60.0
     provider: SimBucket | SimFixedWindow
     if shape == "bucket":
         capacity = max(1.0, round(size * limit))
         provider = SimBucket(limit, capacity, 0.0, level=capacity * (1 - outside))
         refilled = provider.refilled_by()
     else:
-        span = 1.0 + size * 59.0
+        span = float(1 + round(size * 59))
         fixed = SimFixedWindow(limit, span, phase * span)
         fixed.used = int(fixed.allowed * outside)
         provider, refilled = fixed, fixed.wait_s(0.0)
