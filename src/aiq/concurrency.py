@@ -83,8 +83,11 @@ class AutoConcurrency:
     def _size_for(self, latency_s: float) -> int:
         """Senders enough for the limits at ``latency_s``. With no limit known, 1: the first
         reply's headers may tell them, and until then a burst could break a per-second limit.
-        With a limit but no rate yet (tokens/min, before a request's cost is known), plenty:
-        the limiter keeps the pace."""
+        With a limit but no rate yet (tokens/min, before a request's cost is known), or a
+        minute's bucket to send at once (``Limiters.bursting``), plenty: the limiter keeps
+        the pace."""
+        if self._limiters.bursting:  # a bucket's content goes at once: as many as allowed
+            return self._max
         rate = self._limiters.requests_per_s()
         if rate is None:
             return min(self._max, FALLBACK) if self._limiters.any_limit else 1

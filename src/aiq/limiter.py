@@ -42,6 +42,8 @@ HEADROOM = 0.98
 _SYNC_SLACK = 0.01
 # A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
 _EPSILON_S = 1e-6
+# A sender waiting for its slot looks this often whether it was taken back.
+_REBOOK_CHECK_S = 1.0
 # A provider's reset shorter than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is all that may go before the reset.
 SHORT_WINDOW_S = 10.0
@@ -215,7 +217,8 @@ class Budget:
 
     def sync(self, now: float, reported: Window) -> bool:
         """Follow what the provider says about this budget in its headers after a reply;
-        True if it lowered the limit (bookings already made at the old pace are too close).
+        True if slots booked ahead are to be booked again: the limit is lower (they are too
+        close), or a burst begins (they may go now).
 
         The sample is the provider's window, never a count to add to ours: ``remaining``
         is what may still go now, ``reset`` when the window is full again. A window that
@@ -239,16 +242,16 @@ class Budget:
           provider counts in its window of ``capacity / limit`` minutes beyond our bookings
           there is held as one quantity, replaced by every sample, until ``reset``.
         """
-        lowered = False
+        rebook = False
         if reported.limit:
             limit = min(self._ceiling, reported.limit)
             if limit != self.per_minute:
-                lowered = limit < self.per_minute
+                rebook = limit < self.per_minute
                 self.set_limit(limit)
-                if lowered:
+                if rebook:
                     self._drop_ahead(now)
         if reported.remaining is None:
-            return lowered
+            return rebook
         remaining = float(reported.remaining)
         window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
         per_s = window_limit / WINDOW_S
@@ -266,7 +269,11 @@ class Budget:
             2.0, 0.05 * window_limit
         )
         self._bucket = minute_bucket
-        self.burst = minute_bucket and not self.burst_off
+        if minute_bucket and not self.burst_off and not self.burst:
+            self.burst = rebook = True  # slots booked ahead at the pace may go now
+            self._drop_ahead(now)
+        elif not minute_bucket:
+            self.burst = False
         if reset is not None and reset < SHORT_WINDOW_S and capacity < window_limit:
             self._cap_left = remaining - self._ahead(now, now + reset)
             self._cap_until = now + reset
@@ -285,7 +292,7 @@ class Budget:
             if outside > _SYNC_SLACK * capacity:
                 self._outside = outside
                 self._outside_until = now + (WINDOW_S if reset is None else reset)
-        return lowered
+        return rebook
 
     def _drop_ahead(self, now: float) -> None:
         """Take back every slot booked after ``now`` (their senders book again, told so by
@@ -374,6 +381,11 @@ class RateLimiter:
         return self._tokens is not None
 
     @property
+    def bursting(self) -> bool:
+        """Whether the provider's headers show a minute's bucket whose content may go at once."""
+        return any(b is not None and b.burst for b in (self._requests, self._tokens))
+
+    @property
     def limits(self) -> Limits:
         return Limits(
             self._requests.per_minute if self._requests else None,
@@ -412,8 +424,10 @@ class RateLimiter:
             now = self._clock()
             at = self._book(ticket, now)
             generation = self._generation
-            if at > now:
-                await self._sleep(at - now)
+            # In steps, so a slot taken back (a lower limit, a burst) is booked again soon.
+            while now < at and self._generation == generation:
+                await self._sleep(min(at - now, _REBOOK_CHECK_S))
+                now = self._clock()
             if self._paused_until <= at and self._generation == generation:
                 return ticket
             # A pause began while this request waited for its slot, or a lower limit was
@@ -553,6 +567,11 @@ class Limiters:
         # Before any reply: what the configured request limits say.
         configured = [r for r, _ in (self._default, *self._per_model.values()) if r]
         return max(configured) * HEADROOM / 60.0 if configured else None
+
+    @property
+    def bursting(self) -> bool:
+        """Whether some model's limiter may send a bucket's content at once."""
+        return any(lim.bursting for lim in self._by_model.values())
 
     @property
     def unpaced(self) -> bool:
