@@ -425,9 +425,11 @@ class RateLimiter:
             at = self._book(ticket, now)
             generation = self._generation
             # In steps, so a slot taken back (a lower limit, a burst) is booked again soon.
-            while now < at and self._generation == generation:
-                await self._sleep(min(at - now, _REBOOK_CHECK_S))
-                now = self._clock()
+            left = at - now
+            while left > 0 and self._generation == generation:
+                step = min(left, _REBOOK_CHECK_S)
+                await self._sleep(step)
+                left -= step
             if self._paused_until <= at and self._generation == generation:
                 return ticket
             # A pause began while this request waited for its slot, or a lower limit was
