@@ -42,9 +42,10 @@ def test_replies_resize_it_to_the_latency_seen() -> None:
 
     async def scenario() -> list[int]:
         sizes = []
-        # The first reply says 600 requests a minute; it took 2 s.
+        # The first reply says 600 requests a minute (over a sliding minute: no bucket to
+        # send at once); it took 2 s.
         limiters.for_model("m").observe(
-            RateLimitInfo(Window(600, 599, 0.1), Window(None, None, None))
+            RateLimitInfo(Window(600, 599, 59.9), Window(None, None, None))
         )
         assert auto.observe(2.0)
         sizes.append(auto.size)
@@ -54,6 +55,21 @@ def test_replies_resize_it_to_the_latency_seen() -> None:
     (size,) = asyncio.run(scenario())
     rate = 600 * HEADROOM / 60
     assert size == math.ceil(rate * 2.0 * 1.25) + 2 == 27
+
+
+def test_a_minutes_bucket_to_send_at_once_lets_every_sender_send() -> None:
+    """OpenAI's bucket, full: its content may go at once (the limiter holds it to that)."""
+    limiters = Limiters()
+    auto = AutoConcurrency(limiters, 256)
+
+    async def scenario() -> int:
+        limiters.for_model("m").observe(
+            RateLimitInfo(Window(600, 599, 0.1), Window(None, None, None))
+        )
+        assert auto.observe(2.0)
+        return auto.size
+
+    assert asyncio.run(scenario()) == 256
 
 
 def test_a_sender_waiting_in_a_limiter_lets_the_next_one_through() -> None:

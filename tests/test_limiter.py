@@ -8,7 +8,9 @@ caller, and the provider's headers followed.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -30,6 +32,31 @@ class FakeClock:
     async def sleep(self, seconds: float) -> None:
         assert seconds >= 0
         self.now += seconds
+
+
+class SharedClock(FakeClock):
+    """A fake clock for several tasks sleeping at once: each sleeper wakes when the clock
+    reaches its time, and ``run`` moves the clock to the next wake-up while any task waits."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        super().__init__(now)
+        self._wakes: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    async def sleep(self, seconds: float) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._wakes, (self.now + seconds, next(self._seq), future))
+        await future
+
+    async def run(self, tasks: list[asyncio.Future[None]]) -> None:
+        while not all(t.done() for t in tasks):
+            for _ in range(3):
+                await asyncio.sleep(0)
+            if self._wakes:
+                at, _, future = heapq.heappop(self._wakes)
+                self.now = max(self.now, at)
+                future.set_result(None)
+        await asyncio.gather(*tasks)
 
 
 def limiter(clock: FakeClock, **kw: float) -> RateLimiter:
@@ -179,7 +206,11 @@ def test_limits_are_learned_from_headers_when_none_are_configured() -> None:
     clock = FakeClock()
     lim = limiter(clock)
     assert lim.limits.rpm is None and lim.requests_per_s() is None
-    lim.observe(unlimited_info(requests=Window(600, 599, 0.1), tokens=Window(90_000, 89_000, 1)))
+    # As the fake server reports a sliding minute (reset: until the window is empty): no
+    # minute's bucket is shown, so the learned limit is paced, not burst.
+    lim.observe(
+        unlimited_info(requests=Window(600, 599, 59.9), tokens=Window(90_000, 89_000, 59.9))
+    )
     assert (lim.limits.rpm, lim.limits.tpm) == (600, 90_000)
     assert lim.learned
     times = drain(lim, clock, 11)
@@ -351,3 +382,259 @@ def test_deferred_slots_are_in_order_and_never_closer_than_the_pace(
             slots.append((clock.now + later, pace))
     for (at, pace), (next_at, _) in itertools.pairwise(slots):
         assert next_at >= at + pace - 1e-9
+
+
+# -- the provider's headers as a sample of its window (Budget.sync) ---------------------------
+
+
+class SimBucket:
+    """A provider's bucket: ``capacity`` requests, refilled at ``limit`` per minute, reporting
+    ``remaining`` = its level and ``reset`` = the time until it is full (OpenAI's way; a
+    small capacity is per-second enforcement reported per second)."""
+
+    def __init__(self, limit: int, capacity: float, now: float, level: float | None = None):
+        self.limit, self.capacity, self.rate = limit, capacity, limit / 60.0
+        self.level = capacity if level is None else level
+        self.at = now
+
+    def _refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.at) * self.rate)
+        self.at = now
+
+    def admit(self, now: float) -> bool:
+        self._refill(now)
+        if self.level >= 1.0 - 1e-9:
+            self.level -= 1.0
+            return True
+        return False
+
+    def wait_s(self, now: float) -> float:
+        self._refill(now)
+        return max(0.0, (1.0 - self.level) / self.rate)
+
+    def refilled_by(self) -> float:
+        return self.at + (self.capacity - self.level) / self.rate
+
+    def sample(self, now: float) -> Window:
+        self._refill(now)
+        return Window(self.limit, int(self.level), (self.capacity - self.level) / self.rate)
+
+
+class SimFixedWindow:
+    """A provider counting in fixed windows of ``span`` seconds (Azure's 1 or 10 s, a calendar
+    minute), ``limit * span / 60`` each; ``reset`` is the time to the next boundary."""
+
+    def __init__(self, limit: int, span: float, phase: float, used: int = 0):
+        self.limit, self.span, self.phase = limit, span, phase
+        self.allowed = max(1, int(limit * span / 60))
+        self.window, self.used = self._index(0.0), used
+
+    def _index(self, now: float) -> int:
+        return math.floor((now - self.phase) / self.span)
+
+    def _roll(self, now: float) -> None:
+        if self._index(now) != self.window:
+            self.window, self.used = self._index(now), 0
+
+    def admit(self, now: float) -> bool:
+        self._roll(now)
+        if self.used < self.allowed:
+            self.used += 1
+            return True
+        return False
+
+    def wait_s(self, now: float) -> float:
+        return self.phase + (math.floor((now - self.phase) / self.span) + 1) * self.span - now
+
+    def sample(self, now: float) -> Window:
+        self._roll(now)
+        return Window(self.limit, self.allowed - self.used, self.wait_s(now))
+
+
+def run_against(
+    lim: RateLimiter, clock: FakeClock, provider: SimBucket | SimFixedWindow, n: int
+) -> tuple[list[float], int]:
+    """One sender, replies at once: each request's headers are observed before the next goes.
+    A 429 is handled as the worker does. Returns when each admitted request went, and the
+    number of 429s."""
+
+    async def go() -> tuple[list[float], int]:
+        sent: list[float] = []
+        refused = 0
+        while len(sent) < n:
+            ticket = await lim.acquire()
+            now = clock.now
+            ok = provider.admit(now)
+            lim.observe(unlimited_info(requests=provider.sample(now)), ticket)
+            if ok:
+                sent.append(now)
+                continue
+            refused += 1
+            lim.refund(ticket)
+            lim.rate_limited()
+            lim.pause(provider.wait_s(now))
+        return sent, refused
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["--rpm", "learned"])
+def test_a_per_second_bucket_reported_per_second_is_paced_to_the_limit(told: bool) -> None:
+    """1,200/min enforced as a 20-request bucket, reported as limit 1,200, remaining 0-20 and
+    reset under a second: the sample is a short window, never a minute's stall."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=1200) if told else limiter(clock)
+    bucket = SimBucket(1200, 20, clock.now)
+    sent, refused = run_against(lim, clock, bucket, 700)
+    assert refused == 0
+    # 700 at 20/s take 35 s; paced at 98% of it, 35.7 s.
+    assert sent[-1] - sent[0] <= 699 / 20 / HEADROOM + 0.1
+
+
+def test_a_short_window_lets_no_more_than_remaining_go_before_its_reset() -> None:
+    clock = FakeClock()
+    lim = limiter(clock, rpm=1200)
+    # A 10-second window (Azure): 3 of its 200 left, 4 s to the boundary.
+    lim.observe(unlimited_info(requests=Window(1200, 3, 4.0)))
+    times = drain(lim, clock, 5)
+    assert times[2] - times[0] < 0.2
+    assert times[3] >= 1000.0 + 4.0 - 1e-9  # the fourth waits for the boundary...
+    assert times[4] - times[3] == pytest.approx(60 / 1200 / HEADROOM)  # ...then the pace
+
+
+def test_a_full_minute_bucket_is_used_at_once_then_paced() -> None:
+    """OpenAI's bucket is full at the start: 2,000 at 1,200/min take 40 s, not 100."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=1200)
+    bucket = SimBucket(1200, 1200, clock.now)
+    sent, refused = run_against(lim, clock, bucket, 2000)
+    assert refused == 0
+    assert sum(t - sent[0] < 1.0 for t in sent) >= 1150  # the bucket's worth at once
+    assert sent[-1] - sent[0] <= 800 / 20 / HEADROOM + 1.0
+
+
+def test_no_burst_before_headers_show_a_minutes_bucket() -> None:
+    """A configured limit and no headers: even pacing (a provider may enforce per second)."""
+    clock = FakeClock()
+    times = drain(limiter(clock, rpm=1200), clock, 21)
+    assert times[-1] - times[0] == pytest.approx(20 * 60 / 1200 / HEADROOM)
+
+
+def test_a_429_after_a_burst_switches_to_pacing_for_the_run() -> None:
+    """Minute headers over per-second enforcement: the burst is refused, and then paced."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=1200)
+    lim.observe(unlimited_info(requests=Window(1200, 1200, 0.0)))  # a full minute's bucket
+    per_second = SimBucket(1200, 20, clock.now)
+
+    async def go() -> list[float]:
+        sent: list[float] = []
+        refused = 0
+        while len(sent) < 100:
+            ticket = await lim.acquire()
+            if per_second.admit(clock.now):
+                sent.append(clock.now)
+                # The headers still speak of a full minute's bucket.
+                lim.observe(unlimited_info(requests=Window(1200, 1200 - len(sent), 0.05)))
+            else:
+                refused += 1
+                lim.refund(ticket)
+                lim.rate_limited()
+                lim.pause(per_second.wait_s(clock.now))
+        assert refused == 1
+        return sent
+
+    sent = asyncio.run(go())
+    assert sent[-1] - sent[20] == pytest.approx(79 * 60 / 1200 / HEADROOM, rel=0.05)
+
+
+def test_another_clients_usage_is_taken_back_once_the_window_refills() -> None:
+    """Another client emptied the bucket, then stopped: aiq takes the whole quota back by the
+    time the provider said the bucket would be full, not a minute after each reply."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=300)
+    bucket = SimBucket(300, 300, clock.now, level=0.0)  # full again in 60 s
+    sent, refused = run_against(lim, clock, bucket, 400)
+    assert refused <= 1  # the first request, before any headers said the bucket was empty
+    # The bucket's refill is ours from the start, 5/s: 400 in ~80 s (at 98%).
+    assert sent[-1] - sent[0] <= 400 / 5 / HEADROOM + 1.0
+
+
+def test_outside_usage_is_replaced_by_each_sample_not_added() -> None:
+    """A provider counting a sliding minute (reset: until its window is empty) reports the
+    same outside usage of 100 on every reply: it is held once, not once per reply."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=300)
+
+    async def go() -> list[float]:
+        out = []
+        for _ in range(150):
+            ticket = await lim.acquire()
+            out.append(clock.now)
+            ours = len(out)
+            lim.observe(unlimited_info(requests=Window(300, 300 - 100 - ours, 59.0)), ticket)
+        return out
+
+    times = asyncio.run(go())
+    # 200 fit beside the other client's 100: all 150 go at the pace, none waits for a reset.
+    assert times[-1] - times[0] == pytest.approx(149 * 60 / 300 / HEADROOM)
+
+
+def test_a_lower_reported_limit_re_paces_slots_already_booked() -> None:
+    """With --concurrency auto every sender may hold a slot at the configured pace when the
+    first reply says the limit is lower: those slots are booked again at the lower one."""
+    clock = SharedClock()
+    lim = RateLimiter(rpm=1200, clock=clock, sleep=clock.sleep)
+
+    async def sender(out: list[float]) -> None:
+        await lim.acquire()
+        out.append(clock.now)
+
+    async def go() -> list[float]:
+        out: list[float] = []
+        tasks = [asyncio.ensure_future(sender(out)) for _ in range(30)]
+        await asyncio.sleep(0)  # every sender has booked its slot at 1,200/min
+        lim.observe(unlimited_info(requests=Window(300, 299, 59.0)))
+        await clock.run(tasks)
+        return sorted(out)
+
+    times = asyncio.run(go())
+    assert times[-1] - times[0] >= 28 * 60 / 300 / HEADROOM
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    per_s=st.integers(1, 20),  # the limit per second: each window then allows a whole number
+    shape=st.sampled_from(["bucket", "window"]),
+    size=st.floats(0.0, 1.0),  # the bucket's capacity / the window's length, as a share
+    outside=st.floats(0.0, 1.0),  # the share another client used before aiq started
+    phase=st.floats(0.0, 1.0),
+    told=st.booleans(),
+)
+def test_synced_pace_never_falls_below_the_limit_once_the_window_has_refilled(
+    per_s: int, shape: str, size: float, outside: float, phase: float, told: bool
+) -> None:
+    """Any bucket (capacity 1 to a minute's worth) or fixed window (1 to 60 s) a provider may
+    count in, another client's earlier usage in it, aiq configured or learning: once the
+    provider's window has refilled from that usage, aiq sends at the limit less the headroom
+    (a second's worth of slack), and a 429 is at most the first request or a burst's end."""
+    clock = FakeClock(0.0)
+    limit = per_s * 60
+    lim = limiter(clock, rpm=limit) if told else limiter(clock)
+    provider: SimBucket | SimFixedWindow
+    if shape == "bucket":
+        capacity = max(1.0, round(size * limit))
+        provider = SimBucket(limit, capacity, 0.0, level=capacity * (1 - outside))
+        refilled = provider.refilled_by()
+    else:
+        span = float(1 + round(size * 59))
+        fixed = SimFixedWindow(limit, span, phase * span)
+        fixed.used = int(fixed.allowed * outside)
+        provider, refilled = fixed, fixed.wait_s(0.0)
+    n = int(per_s * (refilled + 30.0))
+    sent, refused = run_against(lim, clock, provider, n)
+    assert refused <= 2
+    after = [t for t in sent if t >= refilled + 1.0]
+    if len(after) > 1:
+        span_s = after[-1] - after[0]
+        assert len(after) - 1 >= per_s * HEADROOM * span_s - per_s - 1

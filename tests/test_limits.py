@@ -221,3 +221,18 @@ def test_jobs_a_limiter_deferred_are_due_again_when_the_next_run_starts(tmp_path
         assert done.returncode == 0, done.stderr
         assert len(posts(server)) == 20
     assert len(read_jsonl(tmp_path / "p.results.jsonl")) == 20
+
+
+def test_the_lower_reported_limit_wins_with_concurrency_auto(tmp_path: Path) -> None:
+    """Told 1,200/min against a server that says 300: every sender of `auto` could hold a
+    slot at 1,200/min when the first reply came; they are paced again at 300."""
+    rpm, n = 300, 40  # 5/s: 8 s at the lower limit, 2 s at the higher
+    write_prompts(tmp_path / "p.jsonl", [(f"a{i}", f"auto prompt {i}") for i in range(n)])
+    with FakeServer(rpm=rpm, latency_s=0.05) as server:
+        args = ["--base-url", server.base_url, "--model", "m", "--rpm", "1200"]
+        done = run_aiq("run", "p.jsonl", *args, "--concurrency", "auto", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        sent = posts(server)
+    assert len(read_jsonl(tmp_path / "p.results.jsonl")) == n
+    # The first reply's headers come after the first request: a few go before at 1,200/min.
+    assert sending_time(sent) >= (n - 5) * 60 / rpm

@@ -180,8 +180,14 @@ class AutoConcurrency:
         """Senders enough for the limits at ``latency_s``, bounded by ``max_senders`` (and
         ``held_by`` set if that bound is below what they need). With no limit known, what the
         server was found to take. With a limit but no rate yet (tokens/min, before a
-        request's cost is known), plenty: the limiter keeps the pace."""
+        request's cost is known), plenty: the limiter keeps the pace. With a minute's bucket
+        to send at once (``Limiters.bursting``), up to a minute's worth: its content goes at
+        once, and the limiter stops the burst at ``remaining``."""
         rate = self._limiters.requests_per_s()
+        if self._limiters.bursting:
+            self.held_by = None
+            minute = math.ceil(rate * 60) if rate else self._max
+            return max(1, min(self._max, minute))
         # What the server was found to take; one more if it would take more than the bound.
         found = self._probe.limit + self._probe.capped
         if rate is None:

@@ -12,9 +12,12 @@ Each budget does two things for every request:
   more than the limit into any 60-second window. Pacing alone lets a large token request
   through at the end of a full window; the guard does not.
 
-The provider's own headers keep both honest (:meth:`RateLimiter.observe`): a limit it reports
-below the configured one wins, and usage it reports above what the log holds (another client
-on the same key, a prompt estimate too low) is booked as a phantom entry so the guard holds back.
+The provider's own headers keep both honest (:meth:`Budget.sync`): a limit it reports below
+the configured one wins (slots booked at the old pace are booked again), and each reply's
+``remaining`` and ``reset`` are a sample of the provider's window, replacing the last one: a
+short window caps what goes before its reset, a minute's bucket (OpenAI's) lets what it holds
+go at once, and usage beyond ours (another client on the same key) holds back only until the
+window has refilled. Bursts stop for the run at the first 429 (:meth:`RateLimiter.rate_limited`).
 Token estimates are settled against each reply's usage, and the prompt estimate learns the
 ratio. Time comes from the injected clock, so tests drive it without sleeping.
 """
@@ -39,6 +42,11 @@ HEADROOM = 0.98
 _SYNC_SLACK = 0.01
 # A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
 _EPSILON_S = 1e-6
+# A sender waiting for its slot looks this often whether it was taken back.
+_REBOOK_CHECK_S = 1.0
+# A provider's reset shorter than this describes a short window (per-second or 10-second
+# enforcement): what it says is left is all that may go before the reset.
+SHORT_WINDOW_S = 10.0
 
 
 class RequestTooLarge(Exception):
@@ -56,7 +64,8 @@ class _Entry:
 
 
 class Budget:
-    """One per-minute limit: its pace, and its log of the last minute's bookings."""
+    """One per-minute limit: its pace, its log of the last minute's bookings, and the
+    provider's window as its headers last showed it."""
 
     def __init__(
         self, per_minute: float, *, headroom: float = HEADROOM, configured: bool = True
@@ -73,6 +82,22 @@ class Budget:
         self._sum = 0.0  # of the costs in the log
         self._last_at = -math.inf  # bookings are made in time order: the guard relies on it
         self._horizon = -math.inf  # bookings at or before this have left the log
+        self._guard = True  # the 60-second guard; off once the headers show a minute's bucket
+        # The provider's window as a bucket (see ``sync``): None until headers describe it.
+        self._capacity: float | None = None
+        self._refill = per_minute * headroom / WINDOW_S  # per second, at our headroom
+        self._own_full_at = -math.inf  # when the bucket is full again after our bookings
+        self._seen_full_at = -math.inf  # ...and after what the last sample showed
+        # Usage the provider counts beyond ours, in a window of ``_span_s``, until it refills.
+        self._outside = 0.0
+        self._outside_until = -math.inf
+        self._span_s = WINDOW_S
+        # A short window's cap: at most ``_cap_left`` more bookings before ``_cap_until``.
+        self._cap_left = math.inf
+        self._cap_until = -math.inf
+        self._bucket = False  # the headers show a minute's bucket, refilled continuously
+        self.burst = False  # ...and what it holds may go at once
+        self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
 
     def set_limit(self, per_minute: float) -> None:
         """A new limit (one the provider reported); the pace changes from the next booking."""
@@ -84,23 +109,60 @@ class Budget:
         return cost * self._interval
 
     def ready_at(self, earliest: float, cost: float) -> float:
-        """The first time from ``earliest`` that ``cost`` fits both the pace and the guard."""
+        """The first time from ``earliest`` that ``cost`` fits the pace, the guard and the
+        provider's window."""
         if cost > self.per_minute:
             raise RequestTooLarge(f"needs {cost:.0f}, more than the limit of {self.per_minute:.0f}")
-        at = max(earliest, self._tat, self._last_at)
-        # The guard: the oldest bookings leave the window first; wait for enough of them.
-        used = self._sum
+        # In a burst the pace lets a minute's worth through at once (GCRA's tolerance); the
+        # bucket below holds it to what the provider said is left.
+        tolerance = (self.per_minute - 1.0) * self._interval if self.burst else 0.0
+        at = max(earliest, self._tat - tolerance, self._last_at)
+        if self._guard:
+            # The oldest bookings leave the window first; wait for enough of them.
+            used = self._sum
+            for e in self._log:
+                if e.at > at - WINDOW_S:
+                    if used + cost <= self.per_minute:
+                        break
+                    at = e.at + WINDOW_S + _EPSILON_S
+                used -= e.cost
+        if self._capacity is None:
+            return at
+        if at < self._cap_until and cost > self._cap_left:
+            at = self._cap_until
+        if at < self._outside_until:
+            at = min(self._outside_until, self._fit_beside_outside(at, cost))
+        if not self._bucket:
+            return at
+        # The bucket holds ``cost`` once it is that far from full.
+        need = min(cost, self._capacity)
+        full_at = max(self._own_full_at, self._seen_full_at)
+        return max(at, full_at - (self._capacity - need) / self._refill)
+
+    def _fit_beside_outside(self, at: float, cost: float) -> float:
+        """The first time from ``at`` that ``cost`` fits the provider's window beside the
+        usage it counts that is not ours (inf: not before that usage leaves)."""
+        assert self._capacity is not None
+        room, span = self._capacity - self._outside, self._span_s
+        if cost > room:
+            return math.inf
+        used = self._sum  # every booking is at or before ``at`` (they are made in order)
         for e in self._log:
-            if e.at > at - WINDOW_S:
-                if used + cost <= self.per_minute:
+            if e.at > at - span:
+                if used + cost <= room:
                     break
-                at = e.at + WINDOW_S + _EPSILON_S
+                at = e.at + span + _EPSILON_S
             used -= e.cost
         return at
 
     def book(self, at: float, cost: float) -> _Entry:
         """Book ``cost`` at ``at`` (from :meth:`ready_at`, or later)."""
         self._tat = max(self._tat, at) + cost * self._interval
+        drain = cost / self._refill
+        self._own_full_at = max(self._own_full_at, at) + drain
+        self._seen_full_at = max(self._seen_full_at, at) + drain
+        if at < self._cap_until:
+            self._cap_left -= cost
         self._append(_Entry(at, cost))
         return self._log[-1]
 
@@ -114,17 +176,28 @@ class Budget:
         self._horizon = horizon
 
     def used(self, now: float) -> float:
-        """What the log holds in the window ending at ``now`` (bookings after it excluded)."""
-        used = self._sum
-        for e in reversed(self._log):
-            if e.at <= now:
-                break
-            used -= e.cost
+        """What the log holds in the minute ending at ``now`` (bookings after it excluded)."""
+        return self._used_within(now, WINDOW_S)
+
+    def _used_within(self, now: float, span_s: float) -> float:
+        """What the log holds in (now - span_s, now]."""
+        used = self._sum - self._ahead(now, math.inf)
         for e in self._log:
-            if e.at > now - WINDOW_S:
+            if e.at > now - span_s:
                 break
             used -= e.cost
         return max(0.0, used)
+
+    def _ahead(self, now: float, until: float) -> float:
+        """What is booked after ``now`` and before ``until``: not sent yet, so no provider's
+        count holds it."""
+        ahead = 0.0
+        for e in reversed(self._log):
+            if e.at <= now:
+                break
+            if e.at < until:
+                ahead += e.cost
+        return ahead
 
     def forget(self, entry: _Entry) -> None:
         """Take a booking out of the window's count; the pace is left as it is."""
@@ -135,34 +208,109 @@ class Budget:
     def settle(self, entry: _Entry, cost: float) -> None:
         """The booking really cost ``cost``: correct the log, and the pace by the difference."""
         self._tat += (cost - entry.cost) * self._interval
+        drain = (cost - entry.cost) / self._refill
+        self._own_full_at += drain
+        self._seen_full_at += drain
         if entry.at > self._horizon:  # still in the log
             self._sum += cost - entry.cost
         entry.cost = cost
 
-    def sync(self, now: float, reported: Window, sent_at: float | None = None) -> None:
-        """Follow what the provider says about this budget in its headers after a reply.
+    def sync(self, now: float, reported: Window) -> bool:
+        """Follow what the provider says about this budget in its headers after a reply;
+        True if slots booked ahead are to be booked again: the limit is lower (they are too
+        close), or a burst begins (they may go now).
 
-        ``sent_at`` is when the request went: a provider may write its headers when it admits
-        a request or when it answers, and comparing with the fuller of the two moments keeps
-        bookings that left the window meanwhile from looking like usage we did not see.
+        The sample is the provider's window, never a count to add to ours: ``remaining``
+        is what may still go now, ``reset`` when the window is full again. A window that
+        refills at ``limit`` per minute and is ``reset`` from full holds
+        ``capacity = remaining + reset * limit / 60``: a minute's worth for OpenAI's bucket
+        (``remaining`` = limit at the start, ``reset`` = time to full), 20 for 1,200/min
+        enforced as a one-second bucket. The sample replaces what the last one said: what
+        the provider counts beyond our bookings (another client, say) is gone from the
+        model once the window refills, at the sample's ``reset``, never later.
+
+        - **A minute's bucket** (``capacity`` is the limit, as OpenAI's: full at the start,
+          ``reset`` = time to full): what it holds may go at once (:attr:`burst`), then the
+          pace, the bucket refilling at it; the 60-second guard stands aside, as the bucket
+          allows more than a minute's worth in the first minute. A 429 ends bursts for the
+          run (per-second enforcement behind minute headers); the bucket, refilling at the
+          pace, still says what is left.
+        - **A short window** (``reset`` under ``SHORT_WINDOW_S`` and ``capacity`` below the
+          limit: per-second or 10-second enforcement, fixed or refilled): no more than
+          ``remaining`` goes before ``reset``, then the pace. It holds at most ``reset``.
+        - **Otherwise** (a sliding minute, no ``reset``): the pace and the guard, and what the
+          provider counts in its window of ``capacity / limit`` minutes beyond our bookings
+          there is held as one quantity, replaced by every sample, until ``reset``.
         """
+        rebook = False
         if reported.limit:
             limit = min(self._ceiling, reported.limit)
             if limit != self.per_minute:
+                rebook = limit < self.per_minute
                 self.set_limit(limit)
+                if rebook:
+                    self._drop_ahead(now)
         if reported.remaining is None:
-            return
-        ours = self.used(now)
-        if sent_at is not None:
-            ours = max(ours, self.used(sent_at))
-        missing = (self.per_minute - reported.remaining) - ours
-        if missing <= _SYNC_SLACK * self.per_minute:
-            return
-        # The provider counts more than we booked. Hold it as booked until the provider's
-        # window empties (its reset), and at the end of the log so the log stays in order.
-        reset = min(reported.reset_s if reported.reset_s is not None else WINDOW_S, WINDOW_S)
-        at = max(self._last_at, now + reset - WINDOW_S)
-        self._append(_Entry(at, missing))
+            return rebook
+        remaining = float(reported.remaining)
+        window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
+        per_s = window_limit / WINDOW_S
+        reset = reported.reset_s
+        self._refill = per_s * self._headroom
+        if reset is None:  # no reset said (LiteLLM): a minute's window, as the limit is
+            capacity = window_limit
+        else:
+            capacity = max(1.0, remaining, min(window_limit, remaining + reset * per_s))
+        self._capacity = capacity
+        self._outside, self._outside_until = 0.0, -math.inf
+        self._cap_left, self._cap_until = math.inf, -math.inf
+        self._seen_full_at = -math.inf
+        minute_bucket = reset is not None and abs(remaining + reset * per_s - window_limit) <= max(
+            2.0, 0.05 * window_limit
+        )
+        self._bucket = minute_bucket
+        if minute_bucket and not self.burst_off and not self.burst:
+            self.burst = rebook = True  # slots booked ahead at the pace may go now
+            self._drop_ahead(now)
+        elif not minute_bucket:
+            self.burst = False
+        if reset is not None and reset < SHORT_WINDOW_S and capacity < window_limit:
+            self._cap_left = remaining - self._ahead(now, now + reset)
+            self._cap_until = now + reset
+        elif minute_bucket:
+            if self.burst:  # the bucket allows more than a minute's worth in a minute
+                self._guard = False
+            # The bucket is ``remaining`` from full now, and our bookings not sent yet come
+            # on top (the provider cannot have counted them).
+            owed = capacity - remaining + self._ahead(now, math.inf)
+            self._seen_full_at = now + owed / self._refill
+        else:
+            # What it counts in its window beyond what we booked there is someone else's,
+            # until the window refills (its reset: the window is full again by then).
+            self._span_s = min(WINDOW_S, capacity / per_s)
+            outside = capacity - remaining - self._used_within(now, self._span_s)
+            if outside > _SYNC_SLACK * capacity:
+                self._outside = outside
+                self._outside_until = now + (WINDOW_S if reset is None else reset)
+        return rebook
+
+    def _drop_ahead(self, now: float) -> None:
+        """Take back every slot booked after ``now`` (their senders book again, told so by
+        :class:`RateLimiter`), and start the pace again from now, at the new limit."""
+        log = self._log
+        while log and log[-1].at > now:
+            entry = log.pop()
+            self._sum -= entry.cost
+            drain = entry.cost / self._refill
+            self._own_full_at -= drain
+            self._seen_full_at -= drain
+            entry.cost = 0.0
+        self._last_at = log[-1].at if log else -math.inf
+        self._tat = min(self._tat, now + self._interval)
+
+    def stop_bursting(self) -> None:
+        """A 429: whatever the headers say, pace from now to the end of the run."""
+        self.burst, self.burst_off = False, True
 
 
 @dataclass(slots=True)
@@ -221,12 +369,21 @@ class RateLimiter:
         self._prompt = _Learned()
         self._avg_cost = _Learned()  # tokens per request, for concurrency sizing
         self._deferred_until = -math.inf  # the next slot ``defer`` hands out
+        # Moves when a lower limit is learned: slots booked before it, at the old pace, are
+        # booked again (with --concurrency auto every sender may hold one when the first
+        # reply says the limit is lower than the one configured).
+        self._generation = 0
         self.learned: bool = False  # whether any limit came from the provider's headers
 
     @property
     def counts_tokens(self) -> bool:
         """Whether requests need a token estimate (a tokens-per-minute limit is known)."""
         return self._tokens is not None
+
+    @property
+    def bursting(self) -> bool:
+        """Whether the provider's headers show a minute's bucket whose content may go at once."""
+        return any(b is not None and b.burst for b in (self._requests, self._tokens))
 
     @property
     def limits(self) -> Limits:
@@ -266,12 +423,18 @@ class RateLimiter:
         while True:
             now = self._clock()
             at = self._book(ticket, now)
-            if at > now:
-                await self._sleep(at - now)
-            if self._paused_until <= at:
+            generation = self._generation
+            # In steps, so a slot taken back (a lower limit, a burst) is booked again soon.
+            left = at - now
+            while left > 0 and self._generation == generation:
+                step = min(left, _REBOOK_CHECK_S)
+                await self._sleep(step)
+                left -= step
+            if self._paused_until <= at and self._generation == generation:
                 return ticket
-            # A pause began while this request waited for its slot: give the slot back and
-            # book again after the pause, so the pause is kept and its end is paced too.
+            # A pause began while this request waited for its slot, or a lower limit was
+            # learned: give the slot back and book again, so the pause is kept and its end is
+            # paced too, or the slot is paced to the new limit.
             self.refund(ticket)
 
     def defer(self, prompt_tokens: int = 0, reserved: int = 0, *, after_s: float) -> float | None:
@@ -336,11 +499,11 @@ class RateLimiter:
                 self._tokens.settle(ticket.tokens, actual)
 
     def observe(self, info: RateLimitInfo | None, ticket: Ticket | None = None) -> None:
-        """Follow the provider's rate-limit headers from the reply (or error) to ``ticket``."""
+        """Follow the provider's rate-limit headers from the reply (or error) to ``ticket``
+        (:meth:`Budget.sync`)."""
         if info is None:
             return
         now = self._clock()
-        sent_at = ticket.request.at if ticket is not None and ticket.request else None
         for kind, window in (("requests", info.requests), ("tokens", info.tokens)):
             budget = self._requests if kind == "requests" else self._tokens
             if budget is None:
@@ -353,7 +516,14 @@ class RateLimiter:
                 else:
                     self._tokens = budget
                 self.learned = True
-            budget.sync(now, window, sent_at)
+            if budget.sync(now, window):
+                self._generation += 1
+
+    def rate_limited(self) -> None:
+        """The provider answered 429: no more bursts in this run, only the pace."""
+        for budget in (self._requests, self._tokens):
+            if budget is not None:
+                budget.stop_bursting()
 
     def wait_s(self) -> float:
         """Seconds until the next request booked for later goes, or with none booked, until
@@ -432,6 +602,11 @@ class Limiters:
         # Before any reply: what the configured request limits say.
         configured = [r for r, _ in (self._default, *self._per_model.values()) if r]
         return max(configured) * HEADROOM / 60.0 if configured else None
+
+    @property
+    def bursting(self) -> bool:
+        """Whether some model's limiter may send a bucket's content at once."""
+        return any(lim.bursting for lim in self._by_model.values())
 
     @property
     def unpaced(self) -> bool:

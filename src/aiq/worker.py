@@ -600,6 +600,7 @@ class Worker:
         rate_limited = err.error_type == "rate_limit"
         if rate_limited:
             limiter.refund(ticket)  # a 429 is not counted against the limits
+            limiter.rate_limited()  # and after a burst, it says to pace instead
             if self._auto is not None and self._auto.refused(self.progress.in_flight):
                 self._resized()
         outage_like = err.error_type in OUTAGE_ERRORS
