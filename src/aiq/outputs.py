@@ -78,7 +78,13 @@ class _AtomicFile:
             fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
         except OSError as exc:
             raise cannot_write(self.path, exc) from exc
-        self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
+        try:
+            self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
+        except BaseException:  # SIGTERM (SystemExit) can land right here, before __exit__
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+            raise
         return self._f
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
@@ -92,14 +98,20 @@ class _AtomicFile:
                 os.replace(self.tmp, self.path)
         except OSError as err:
             failed = err
+        except BaseException:  # a signal during the flush or fsync: leave no temporary file
+            self._discard()
+            raise
         if failed is None:
             return
+        self._discard()
+        if isinstance(failed, OSError):
+            raise cannot_write(self.path, failed) from failed
+
+    def _discard(self) -> None:
         with contextlib.suppress(OSError):
             self._f.close()  # a no-op unless the close above failed before closing
         with contextlib.suppress(OSError):
             os.unlink(self.tmp)
-        if isinstance(failed, OSError):
-            raise cannot_write(self.path, failed) from failed
 
 
 def _remove_orphans(path: str) -> None:
