@@ -13,7 +13,6 @@ import asyncio
 import json
 import sqlite3
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from aiohttp import web
 from conftest import aiq_env, read_jsonl, run_aiq, write_prompts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from localserver import LocalServer
 
 from aiq.inputs import Defaults
 from aiq.outputs import export_source
@@ -211,48 +211,15 @@ def test_a_key_is_cut_out_of_a_malformed_200s_message_but_not_from_a_reply() -> 
 # -- end to end: dummy keys against a server that keeps what it sent ----------------------------
 
 
-class KeepingServer:
+class KeepingServer(LocalServer):
     """An OpenAI- and Anthropic-compatible server on 127.0.0.1 that takes any key and keeps the
     exact bytes of each reply it sent, by prompt. Its replies are full of the dummy keys'
     words: ``content`` (a key of OpenAI's messages), ``null`` (Anthropic's ``stop_sequence``),
     ``x``, ``test``, ``EMPTY``, ``ollama``."""
 
     def __init__(self) -> None:
-        self.port = 0
+        super().__init__()
         self.sent: dict[str, bytes] = {}
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __enter__(self) -> KeepingServer:
-        self._thread.start()
-        assert self._ready.wait(10), "the server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    async def _serve(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        app = web.Application()
-        app.router.add_post("/v1/{endpoint:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = runner.addresses[0][1]
-            self._ready.set()
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json()

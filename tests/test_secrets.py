@@ -10,12 +10,10 @@ echo the whole request, headers and all, back in their message.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import stat
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ import pytest
 from aiohttp import web
 from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer, chat_reply, prompt_of
+from localserver import LocalServer
 
 WRONG_KEY = "sk-wrong-9f8e7d6c5b4a-also-secret"
 # The key and the parts of it a redaction might leave behind.
@@ -97,7 +96,7 @@ def test_key_is_written_nowhere_with_the_fake_server(tmp_path: Path, server: Fak
 # -- a provider that quotes the key back ---------------------------------------------------
 
 
-class QuotingGateway:
+class QuotingGateway(LocalServer):
     """An OpenAI-compatible server whose errors quote what it was sent, key included.
 
     - a key other than ``API_KEY``: 401 "Incorrect API key provided: <the key>"
@@ -106,42 +105,6 @@ class QuotingGateway:
     - a prompt with ``ECHO200``: 200 whose body is not JSON but the echoed request
     - anything else: a normal chat completion
     """
-
-    def __init__(self) -> None:
-        self.port = 0
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __enter__(self) -> QuotingGateway:
-        self._thread.start()
-        assert self._ready.wait(10), "the gateway did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    async def _serve(self) -> None:
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        app = web.Application()
-        app.router.add_post("/v1/{endpoint:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = runner.addresses[0][1]
-            self._ready.set()
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
