@@ -181,13 +181,15 @@ class AutoConcurrency:
         ``held_by`` set if that bound is below what they need). With no limit known, what the
         server was found to take. With a limit but no rate yet (tokens/min, before a
         request's cost is known), plenty: the limiter keeps the pace. With a minute's bucket
-        to send at once (``Limiters.bursting``), up to a minute's worth: its content goes at
-        once, and the limiter stops the burst at ``remaining``."""
+        to send at once (``Limiters.bursting``: a minute's bucket, or what a short window
+        says is left), that many more: its content goes at once, and the limiter stops the
+        burst at ``remaining``."""
         rate = self._limiters.requests_per_s()
         if self._limiters.bursting:
             self.held_by = None
-            minute = math.ceil(rate * 60) if rate else self._max
-            return max(1, min(self._max, minute))
+            burst = math.ceil(self._limiters.burst_size())
+            paced = size_for(rate, latency_s) if rate else self._max
+            return max(1, min(self._max, paced + burst))
         # What the server was found to take; one more if it would take more than the bound.
         found = self._probe.limit + self._probe.capped
         if rate is None:

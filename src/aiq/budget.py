@@ -1,0 +1,318 @@
+"""One per-minute limit (requests or tokens): its pace, its log, and the provider's window.
+
+A :class:`Budget` answers one question for the rate limiter, "when may this cost go?", from
+three things:
+
+- **The pace** (GCRA): a virtual clock ``tat`` (the next free slot) moves forward by
+  ``cost * 60 / (limit * headroom)`` per booking, so that with nothing else known requests are
+  spread evenly rather than a minute's quota fired at once: providers may enforce a per-minute
+  limit per second (60,000/min as 1,000/s), and an even pace a little under the limit passes
+  both.
+- **A guard** over the last 60 s while the provider has said nothing about its window (or a
+  burst was refused): no booking that would put more than the limit into any 60-second
+  window, which pacing alone lets a large token request do at the end of a full window.
+- **The provider's window as its headers last showed it** (:meth:`Budget.sync`): what it
+  says is left may go now, no more before its reset, and at the reset the pace starts over.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from .ratelimit_headers import Window
+
+WINDOW_S = 60.0
+# Pace at this share of a limit: requests leave the event loop a few ms late now and then, so
+# an exact pace would sometimes put one request too many into a provider's one-second window.
+HEADROOM = 0.98
+# A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
+_EPSILON_S = 1e-6
+# A window that says what is left but not when it refills (LiteLLM's router counts per
+# calendar minute, its cache key the UTC minute): it is taken to refill at the next minute of
+# the clock, this long after, for clocks that differ by a little.
+CALENDAR_MARGIN_S = 0.5
+# A provider's reset shorter than this describes a short window (per-second or 10-second
+# enforcement): what it says is left is what it enforces.
+SHORT_WINDOW_S = 10.0
+
+
+class RequestTooLarge(Exception):
+    """One request needs more tokens than the whole tokens-per-minute limit: it never fits."""
+
+
+class _Entry:
+    """One booking in a budget's log; ``cost`` changes when the booking is settled. ``mark``
+    is what the budget had booked before it, so what came after is ``Budget._total - mark``."""
+
+    __slots__ = ("at", "cost", "mark")
+
+    def __init__(self, at: float, cost: float, mark: float) -> None:
+        self.at = at
+        self.cost = cost
+        self.mark = mark
+
+
+class Budget:
+    """One per-minute limit: its pace, its log of the last minute's bookings, and the
+    provider's window as its headers last showed it."""
+
+    def __init__(
+        self, per_minute: float, *, headroom: float = HEADROOM, configured: bool = True
+    ) -> None:
+        if per_minute <= 0:
+            raise ValueError("per_minute must be positive")
+        self._headroom = headroom
+        # A configured limit is a ceiling: the provider may report a lower one, which wins.
+        self._ceiling = per_minute if configured else math.inf
+        self.per_minute = per_minute
+        self._interval = 60.0 / (per_minute * headroom)
+        self._tat = -math.inf
+        self._log: deque[_Entry] = deque()
+        self._sum = 0.0  # of the costs in the log
+        self._total = 0.0  # of every cost booked: ``_Entry.mark`` measures from it
+        self._last_at = -math.inf  # bookings are made in time order: the guard relies on it
+        self._horizon = -math.inf  # bookings at or before this have left the log
+        self._guard = True  # the 60-second guard, while the provider's window is unknown
+        # A minute's bucket refilled continuously (OpenAI's, full at the start), once the
+        # headers show one: its capacity, refill, and when it is full again.
+        self._bucket = False
+        self._not_bucket = False  # a sample showed something else
+        self._capacity = per_minute
+        self._refill = per_minute * headroom / WINDOW_S  # per second, at our headroom
+        self._own_full_at = -math.inf  # ...after our bookings
+        self._seen_full_at = -math.inf  # ...after what the last sample showed
+        # Any other window: at most ``_cap_left`` more before ``_cap_until``, when it has
+        # refilled and the pace starts over (``_fresh_at``).
+        self._cap_left = math.inf
+        self._cap_until = -math.inf
+        self._fresh_at = math.inf
+        self._peak = 0.0  # the most any sample said was left: what a window lets go at once
+        self.burst = False  # what the provider says is left may go at once
+        self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
+
+    def set_limit(self, per_minute: float) -> None:
+        """A new limit (one the provider reported); the pace changes from the next booking."""
+        self.per_minute = per_minute
+        self._interval = 60.0 / (per_minute * self._headroom)
+
+    def pace_s(self, cost: float) -> float:
+        """How far one booking of ``cost`` moves the pace."""
+        return cost * self._interval
+
+    @property
+    def burst_size(self) -> float:
+        """How much the provider's window lets go at once now (0 when paced)."""
+        if not self.burst:
+            return 0.0
+        return self._capacity if self._bucket else self._peak
+
+    def ready_at(self, earliest: float, cost: float) -> float:
+        """The first time from ``earliest`` that ``cost`` fits the pace, the guard and the
+        provider's window."""
+        if cost > self.per_minute:
+            raise RequestTooLarge(f"needs {cost:.0f}, more than the limit of {self.per_minute:.0f}")
+        at = max(earliest, self._last_at)
+        if at < self._cap_until:
+            if cost <= self._cap_left:
+                if self.burst:  # the provider says it is left: it may go now
+                    return at
+            else:
+                at = self._cap_until
+        # In a minute's bucket the pace lets a minute's worth through at once (GCRA's
+        # tolerance); the bucket below holds it to what the provider said is left.
+        bursting = self.burst and self._bucket
+        tolerance = (self.per_minute - 1.0) * self._interval if bursting else 0.0
+        at = max(at, self._pace_at(at) - tolerance)
+        if self._guard:
+            # The oldest bookings leave the window first; wait for enough of them.
+            used = self._sum
+            for e in self._log:
+                if e.at > at - WINDOW_S:
+                    if used + cost <= self.per_minute:
+                        break
+                    at = e.at + WINDOW_S + _EPSILON_S
+                used -= e.cost
+        if not self._bucket:
+            return at
+        # The bucket holds ``cost`` once it is that far from full.
+        need = min(cost, self._capacity)
+        full_at = max(self._own_full_at, self._seen_full_at)
+        return max(at, full_at - (self._capacity - need) / self._refill)
+
+    def _pace_at(self, at: float) -> float:
+        """The pace's next slot for a booking at ``at``: none owed from before the provider's
+        window refilled, if ``at`` is after that and nothing is booked after it yet."""
+        if at >= self._fresh_at > self._last_at:
+            return min(self._tat, self._fresh_at)
+        return self._tat
+
+    def book(self, at: float, cost: float) -> _Entry:
+        """Book ``cost`` at ``at`` (from :meth:`ready_at`, or later)."""
+        if at >= self._fresh_at:
+            self._tat, self._fresh_at = self._pace_at(at), math.inf
+        self._tat = max(self._tat, at) + cost * self._interval
+        drain = cost / self._refill
+        self._own_full_at = max(self._own_full_at, at) + drain
+        self._seen_full_at = max(self._seen_full_at, at) + drain
+        if at < self._cap_until:
+            self._cap_left -= cost
+        entry = _Entry(at, cost, self._total)
+        self._total += cost
+        self._last_at = at
+        log = self._log
+        log.append(entry)
+        self._sum += cost
+        horizon = at - WINDOW_S
+        while log[0].at <= horizon:  # no later booking can fall in a window holding these
+            self._sum -= log.popleft().cost
+        self._horizon = horizon
+        return entry
+
+    def used(self, now: float) -> float:
+        """What the log holds in the minute ending at ``now`` (bookings after it excluded)."""
+        used = self._sum - self._ahead(now)
+        for e in self._log:
+            if e.at > now - WINDOW_S:
+                break
+            used -= e.cost
+        return max(0.0, used)
+
+    def _ahead(self, now: float) -> float:
+        """What is booked after ``now``: not sent yet, so no provider's count holds it."""
+        ahead = 0.0
+        for e in reversed(self._log):
+            if e.at <= now:
+                break
+            ahead += e.cost
+        return ahead
+
+    def forget(self, entry: _Entry) -> None:
+        """Take a booking out of the window's count; the pace is left as it is."""
+        self._adjust(entry, 0.0)
+
+    def settle(self, entry: _Entry, cost: float) -> None:
+        """The booking really cost ``cost``: correct the log, and the pace by the difference."""
+        self._tat += (cost - entry.cost) * self._interval
+        drain = (cost - entry.cost) / self._refill
+        self._own_full_at += drain
+        self._seen_full_at += drain
+        self._adjust(entry, cost)
+
+    def _adjust(self, entry: _Entry, cost: float) -> None:
+        if entry.at > self._horizon:  # still in the log
+            self._sum += cost - entry.cost
+        self._total += cost - entry.cost
+        entry.cost = cost
+
+    def sync(
+        self, now: float, reported: Window, entry: _Entry | None = None, *, minute_left_s: float
+    ) -> bool:
+        """Follow what the provider says about this budget in the headers of the reply to
+        ``entry``'s request; True if slots booked ahead are to be booked again: the limit is
+        lower (they are too close), or what is left may go now (they are too far).
+
+        The sample is the provider's window, replacing the last one, never a count to add to
+        ours: ``remaining`` is what may still go, less what we booked after the request it
+        answers (the provider may count at arrival, so a reply is a latency old), and
+        ``reset`` when the window is full again. So usage beyond ours (another client on the
+        key) holds back only until the window has refilled, never later.
+
+        - **A minute's bucket** (``remaining + reset * limit / 60`` is the limit: OpenAI's,
+          full at the start, ``reset`` the time to full): what it holds may go at once
+          (:attr:`burst`), then the pace at which it refills. A 429 ends bursts for the run
+          (per-second enforcement behind minute headers); the bucket still says what is left.
+        - **Any other window**: no more than ``remaining`` before ``reset`` (with none, the
+          next minute of the clock: LiteLLM counts calendar minutes), when the window has
+          refilled and the pace starts over. Where the window is short (per-second or
+          10-second enforcement, fixed or refilled) or has no reset, ``remaining`` may go at
+          once; over a sliding minute, at the pace.
+        """
+        rebook = False
+        if reported.limit:
+            limit = min(self._ceiling, reported.limit)
+            if limit != self.per_minute:
+                rebook = limit < self.per_minute
+                self.set_limit(limit)
+                if rebook:
+                    self._drop_ahead(now)
+        if reported.remaining is None:
+            return rebook
+        remaining = float(reported.remaining)
+        window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
+        per_s = window_limit / WINDOW_S
+        reset = reported.reset_s
+        self._refill = per_s * self._headroom
+        self._guard = self.burst_off
+        fits = reset is not None and abs(remaining + reset * per_s - window_limit) <= max(
+            2.0, 0.05 * window_limit
+        )
+        # A bucket fits every sample; one that does not (a sliding minute's first: little
+        # used and a minute to go) says the window is something else, for the run.
+        self._bucket = fits and not self._not_bucket
+        self._not_bucket = not self._bucket
+        self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
+        self._seen_full_at = -math.inf
+        unseen = self._unseen(now, entry)
+        if self._bucket:
+            self._capacity = window_limit
+            if not self.burst_off and not self.burst:
+                self.burst = rebook = True  # slots booked ahead at the pace may go now
+                self._drop_ahead(now)
+                unseen = self._unseen(now, entry)
+            # The bucket is ``remaining`` from full, and our bookings it has not counted
+            # come on top.
+            owed = window_limit - remaining + unseen
+            self._seen_full_at = now + owed / self._refill
+            return rebook
+        # What is left may go at once where the provider says its window is short (then
+        # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
+        # longer one, it is a ceiling for the pace (a minute may be enforced per second).
+        self.burst = not self.burst_off and (reset is None or reset < SHORT_WINDOW_S)
+        self._peak = max(self._peak, remaining)
+        # A hair after the reset, so a boundary's float rounding never counts it as before.
+        until = (
+            now + _EPSILON_S + (reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S)
+        )
+        if self.burst and self._last_at > now and remaining - unseen + self._ahead(now) >= 1:
+            rebook = True  # slots booked ahead at the pace may go now
+            self._drop_ahead(now)
+            unseen = self._unseen(now, entry)
+        self._cap_left, self._cap_until, self._fresh_at = remaining - unseen, until, until
+        return rebook
+
+    def _unseen(self, now: float, entry: _Entry | None) -> float:
+        """What we booked that the provider's count in the reply to ``entry`` may not hold:
+        everything booked after it (or after ``now``, with no entry)."""
+        if entry is None:
+            return self._ahead(now)
+        return max(0.0, self._total - entry.mark - entry.cost)
+
+    def _drop_ahead(self, now: float) -> None:
+        """Take back every slot booked after ``now`` (their senders book again, told so by
+        the rate limiter), and start the pace again from now, at the new limit."""
+        log = self._log
+        while log and log[-1].at > now:
+            entry = log.pop()
+            self._sum -= entry.cost
+            self._total -= entry.cost
+            drain = entry.cost / self._refill
+            self._own_full_at -= drain
+            self._seen_full_at -= drain
+            entry.cost = 0.0
+        self._last_at = log[-1].at if log else -math.inf
+        self._tat = min(self._tat, now + self._interval)
+
+    def stop_bursting(self) -> None:
+        """A 429: whatever the headers say, pace (and guard) from now to the end of the run."""
+        self.burst, self.burst_off, self._guard = False, True, True
+
+    def next_booked(self, now: float) -> float | None:
+        """When the earliest booking after ``now`` goes (refunded ones are no request)."""
+        first = None
+        for e in reversed(self._log):
+            if e.at <= now:
+                break
+            if e.cost > 0:
+                first = e.at
+        return first
