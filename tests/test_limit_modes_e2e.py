@@ -448,3 +448,76 @@ def test_a_limit_enforced_per_second_is_paced_at_its_rate(tmp_path: Path, how: s
     assert run.returncode == 0 and run.done == run.jobs
     assert run.refused <= SHARE_429 * len(run.posts), run.refused
     assert (paced + case.latency_s) / run.wall_s >= EFFICIENCY, run.wall_s
+
+
+# -- the judges themselves (no aiq): they must be able to fail, and agree with the modes ------
+
+
+def _ideal(mode: fl.Mode, jobs: int, start: float, step_s: float = 0.001) -> list[float]:
+    """The times an ideal client's ``jobs`` are admitted, each sent the moment ``mode`` takes
+    it (bench/limit_modes.py's ``least_s``, on a fake clock)."""
+    now, admitted = start, []
+    while len(admitted) < jobs:
+        if mode.admit(now, fl.Cost(tokens=20, input_tokens=20)) is None:
+            admitted.append(now)
+        else:
+            now += step_s
+    return admitted
+
+
+T0 = 1_800_000_000.0  # a whole minute of the epoch
+
+
+@pytest.mark.parametrize(
+    ("make", "capacity", "per_s", "jobs"),
+    [
+        (lambda: fl.OpenAIBucket(rpm=300), 300, 5, 315),
+        (lambda: fl.PerSecond(rpm=6000), 100, 100, 300),
+        (lambda: fl.GroqDaily(rpd=14_400, rpm=300), 300, 5, 315),
+        (lambda: fl.AnthropicBuckets(rpm=300, itpm=10**7, otpm=10**7), 300, 5, 315),
+    ],
+    ids=["openai", "per-second", "groq", "anthropic"],
+)
+def test_the_bucket_judges_agree_with_an_ideal_client(
+    make: Callable[[], fl.Mode], capacity: float, per_s: float, jobs: int
+) -> None:
+    admitted = _ideal(make(), jobs, T0 + 0.5)
+    assert admitted[-1] - admitted[0] == pytest.approx(bucket_least(jobs, capacity, per_s), 0.01)
+    assert bucket_over(admitted, capacity, per_s) <= 1e-6
+    # One more at the last moment is one over, less the ideal client's clock step: the judge
+    # can fail.
+    assert bucket_over([*admitted, admitted[-1]], capacity, per_s) > 0.8
+
+
+@pytest.mark.parametrize(
+    ("make", "allowed", "span_s", "jobs", "first_at"),
+    [
+        (lambda: fl.AzureWindows(rpm=1200), 200, 10, 300, T0 + 8),
+        (lambda: fl.Headerless(rpm=150), 150, 60, 200, T0 + 58),
+        (lambda: fl.LiteLLMRouter(rpm=600), 599, 60, 200, T0 + 30),
+        (lambda: fl.LiteLLMRouter(rpm=600), 599, 60, 700, T0 + 30),
+    ],
+    ids=["azure", "headerless", "litellm", "litellm-two-minutes"],
+)
+def test_the_window_judges_agree_with_an_ideal_client(
+    make: Callable[[], fl.Mode], allowed: int, span_s: float, jobs: int, first_at: float
+) -> None:
+    admitted = _ideal(make(), jobs, first_at)
+    least = windows_least(jobs, allowed, span_s, first_at)
+    assert admitted[-1] - first_at == pytest.approx(least, abs=0.002)
+    assert window_most(admitted, span_s) == min(jobs, allowed)
+    assert window_most([*admitted, admitted[0]], span_s) == min(jobs, allowed) + 1
+
+
+def test_the_shared_bucket_least_yields_the_other_clients_share() -> None:
+    # 600/min full at start, the other client 5 a second for 2 s (10 requests): 615 of ours
+    # need 15 + 10 refills at 10 a second.
+    assert shared_bucket_least(615, 600, [i * 0.2 for i in range(10)]) == pytest.approx(2.5, 0.01)
+    assert shared_bucket_least(615, 600, []) == pytest.approx(1.5, 0.01)
+
+
+def test_the_phase_clock_puts_the_first_request_before_a_boundary() -> None:
+    clock = PhaseClock(60, 2.0)
+    first = clock()
+    assert (math.floor(first / 60) + 1) * 60 - first == pytest.approx(2.0, abs=1e-6)
+    assert clock() - first < 0.1  # then it runs as time.time() does
