@@ -485,6 +485,8 @@ class Headerless(Mode):
       ``hint="retry-after"``: LiteLLM's parallel request limiter, ``retry-after`` the seconds
       to the next minute, fractional (``str(time_to_next_minute())``: ``52.905443``; it admits
       while ``current_rpm < rpm_limit``: litellm/proxy/hooks/parallel_request_limiter.py);
+      ``hint="retry-after-whole"``: the same count with ``retry-after`` as RFC 9110 writes it,
+      whole ``delay-seconds`` (rounded up, so a client waiting that long finds the new minute);
       ``hint="llm_provider"``: LiteLLM's router, ``llm_provider-retry-after: 60`` and no
       standard header (see ``LiteLLMRouter``); ``hint=None``: no hint at all (a model that
       always fails may send none: PROVIDERS.md).
@@ -493,8 +495,10 @@ class Headerless(Mode):
     def __init__(
         self, *, rpm: int | None = None, hint: str | None = "retry-after", slots: int | None = None
     ) -> None:
-        if hint not in ("retry-after", "llm_provider", None):
-            raise ValueError('hint must be "retry-after", "llm_provider" or None')
+        if hint not in ("retry-after", "retry-after-whole", "llm_provider", None):
+            raise ValueError(
+                'hint must be "retry-after", "retry-after-whole", "llm_provider" or None'
+            )
         self.rpm, self.hint, self.slots = rpm, hint, slots
         self.window = CalendarWindow(60)
 
@@ -505,8 +509,10 @@ class Headerless(Mode):
                 f"limit type = key. current rpm: {int(self.window.used(now))}, rpm limit: "
                 f"{self.rpm}"
             )
+            reset_s = self.window.reset_in(now)
             headers = {
-                "retry-after": {"retry-after": str(round(self.window.reset_in(now), 6))},
+                "retry-after": {"retry-after": str(round(reset_s, 6))},
+                "retry-after-whole": {"retry-after": str(math.ceil(reset_s))},
                 "llm_provider": {"llm_provider-retry-after": "60"},
                 None: {},
             }[self.hint]
@@ -535,12 +541,14 @@ class OtherClient(Mode):
         self.next_at, self.cost = start_at, Cost(tokens=tokens, input_tokens=tokens)
         self.slots = inner.slots
         self.sent = self.admitted = 0
+        self.admitted_at: list[float] = []  # its own admissions, for a test's window count
 
     def _catch_up(self, now: float) -> None:
         while self.next_at <= now and self.next_at < self.stop_at:
             self.sent += 1
             if self.inner.admit(self.next_at, self.cost) is None:
                 self.admitted += 1
+                self.admitted_at.append(self.next_at)
             self.next_at += self.interval_s
 
     def admit(self, now: float, cost: Cost) -> Refused | None:

@@ -516,6 +516,8 @@ class LoggedRequest:
     (a hang the client waited out shows the status it finally got). ``tokens`` is the request's
     TPM cost (:func:`request_tokens`); ``counted`` says it passed the rate limiter, so it counts
     against the windows; ``fault`` names what the server did to it, None for a plain answer.
+    ``admitted_at`` is the ``limit_clock`` reading at which a ``limit_mode`` admitted it (None
+    without a mode, or when refused): the time the mode's windows count it at.
     """
 
     monotonic: float
@@ -532,6 +534,7 @@ class LoggedRequest:
     counted: bool = False
     had_api_key: bool = False  # an x-api-key header (Anthropic's auth); its value is never kept
     anthropic_version: str | None = None
+    admitted_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -547,6 +550,7 @@ class _Exchange:
     counted: bool = False
     fault: Fault | None = None
     anthropic: bool = False  # a Messages API request: checked and answered Anthropic's way
+    admitted_at: float | None = None
 
 
 class FakeServer:
@@ -785,9 +789,11 @@ class FakeServer:
                     input_tokens=_tokens(_all_text(path, body)),
                     model=(body.get("model") if isinstance(body, dict) else None) or MODEL,
                 )
-                if (no := mode.admit(self.limit_clock(), cost)) is not None:
+                now = self.limit_clock()
+                if (no := mode.admit(now, cost)) is not None:
                     ex.fault = "rate_limit"
                     return self._reply(ex, 429, no.payload, no.headers)
+                ex.admitted_at = now
             elif self.rpm is not None or self.tpm is not None:
                 verdict = self._limiter.judge(
                     ex.received,
@@ -1076,6 +1082,7 @@ class FakeServer:
             fault=ex.fault,
             received=ex.received,
             counted=ex.counted,
+            admitted_at=ex.admitted_at,
         )
         with self._lock:
             self._log.append(entry)

@@ -287,6 +287,7 @@ def test_headerless_never_sends_a_header_and_without_rpm_never_refuses() -> None
     ("hint", "headers"),
     [
         ("retry-after", {"retry-after": "52.905443"}),  # LiteLLM's parallel limiter
+        ("retry-after-whole", {"retry-after": "53"}),  # RFC 9110's delay-seconds
         ("llm_provider", {"llm_provider-retry-after": "60"}),  # LiteLLM's router
         (None, {}),
     ],
@@ -339,6 +340,7 @@ def test_another_client_takes_its_share_then_stops() -> None:
     assert inner.headers(T0 + 29)["x-ratelimit-remaining-requests"] == "1"
     assert burst(mode, T0 + 60, 100) == 60  # it stopped: the whole minute is ours again
     assert (mode.sent, mode.admitted) == (30, 15)  # its last 15 found the minute full
+    assert mode.admitted_at == [T0 + 2 * i for i in range(15)]
 
 
 def test_another_client_drains_a_bucket_it_shares() -> None:
@@ -385,6 +387,7 @@ def test_the_server_answers_in_the_modes_words_and_logs_its_refusals() -> None:
     assert again.status_code == 200
     assert [r.fault for r in log] == [None, None, "rate_limit", "rate_limit", None]
     assert [r.counted for r in log] == [True, True, False, False, True]
+    assert [r.admitted_at for r in log] == [T0 + 10, T0 + 10, None, None, T0 + 60]
 
 
 def test_the_server_settles_anthropic_usage_with_the_mode() -> None:

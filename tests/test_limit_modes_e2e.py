@@ -1,51 +1,524 @@
-"""aiq against the fake server's ways of counting (tests/fake_limits.py), end to end: every job
-done, 429s under 1%, and the sending time near the least the mode allows. Kept small: a high
-limit and a few hundred jobs, a few seconds a run. The modes still under target (bench/README,
-"Rate-limit modes") have no test here yet: LiteLLM's calendar minute, Azure's 10 s windows,
-another client on the key."""
+"""aiq against every way the fake server counts (tests/fake_limits.py, issue 12's modes a-g), told
+the limit (``configured``) and not (``learned``), end to end: a real ``aiq run`` subprocess
+against a real server, judged from the server's own log.
+
+Each case checks what issue 12 asks of every mode:
+
+- every job done, exit 0;
+- 429s at most 1% of the POSTs;
+- no window of the server's own length (its bucket, its calendar window, its slots) holds more
+  requests than it allows, counted from the log at the mode's clock (``admitted_at``);
+- the sending time (first arrival to last reply) near the least the limit allows, computed from
+  the mode's parameters, not by asking the mode.
+
+Kept fast: high limits, a few hundred jobs, 50 ms replies, and a least time of about 2 s. A run
+is stopped once it can no longer meet the efficiency bound, so a case under target costs
+seconds, not the minutes pacing would take. Calendar windows are put where a run crosses one:
+the mode's clock is shifted so that aiq's first request lands ``lead_s`` before a boundary.
+That shift is invisible to a client reading the headers and hints, which are relative
+(``reset``, ``retry-after``); it would mislead one aligning to its own wall clock, which aiq
+does not do. LiteLLM's router has no reset header and counts UTC minutes (its cache key is
+``%H-%M``, so its source allows no shorter span), and a client could only find its minute from
+the wall clock: it keeps the real clock, and fewer jobs than a minute's allowance, so it
+measures whether a fresh minute is used at once.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import fake_limits as fl
 import pytest
-from conftest import run_aiq, write_prompts
+from conftest import API_KEY, aiq_cmd, aiq_env, write_prompts
 from fakeserver import FakeServer
 
-JOBS = 400
 LATENCY_S = 0.05
+# The bench's target is 0.95 (bench/limit_modes.py); here 0.85, for a suite on three xdist
+# workers sharing two cores.
+EFFICIENCY = 0.85
+SHARE_429 = 0.01
+# A run is stopped this long after its sending time passed the efficiency bound; any run is
+# stopped after the backstop.
+STOP_GRACE_S = 0.5
+BACKSTOP_S = 60.0
+# Where the least time is nothing at all (every job may go at once), one latency plus aiq's
+# own time to open them: bench/README measures 400 in 0.7 s on a quiet machine.
+AT_ONCE_S = 2.0
 
 
-def _run(tmp_path: Path, mode: fl.Mode, *flags: str) -> tuple[list, float]:
-    write_prompts(tmp_path / "p.jsonl", [(f"p{i}", f"mode prompt {i}") for i in range(JOBS)])
-    with FakeServer(limit_mode=mode, latency_s=LATENCY_S) as server:
-        proc = run_aiq("run", "p.jsonl", "--base-url", server.base_url, "--model", "m",
-                       "--quiet", "--json", *flags, cwd=tmp_path, timeout=120)  # fmt: skip
-        posts = [r for r in server.requests if r.method == "POST"]
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["status"]["counts"]["done"] == JOBS
-    refused = sum(r.status == 429 for r in posts)
-    assert refused <= 0.01 * len(posts), refused
-    wall = max(r.monotonic for r in posts) - min(r.received for r in posts)
-    return posts, wall
+# -- what the log says ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flags", [("--rpm", "6000"), ()], ids=["configured", "learned"])
-def test_a_limit_enforced_per_second_is_used_to_the_full(tmp_path: Path, flags: tuple) -> None:
-    # 6,000/min as a bucket of 100 refilled at 100/s. Against the sustained rate (100 a
-    # second): aiq does not yet send the bucket's first 100 at once, which the least time
-    # (3 s, not 4) would need; bench/README's per-second rows carry that gap.
-    _, wall = _run(tmp_path, fl.PerSecond(rpm=6000), *flags)
-    paced = (JOBS - 1) / 100
-    # The bench's target is 0.95; here 0.85, for a suite on three workers sharing two cores.
-    assert (paced + LATENCY_S) / wall >= 0.85, wall
+@dataclass
+class Run:
+    """One ``aiq run`` against one mode, as the server saw it."""
+
+    jobs: int
+    mode: fl.Mode
+    told: bool
+    posts: list = field(default_factory=list)
+    returncode: int | None = None  # None: stopped, too slow
+    done: int = 0
+    stopped_s: float | None = None  # the sending time it was stopped at
+    max_in_flight: int = 0
+
+    @property
+    def admitted(self) -> list[float]:
+        """Our requests the mode admitted, at its clock, in order."""
+        return sorted(r.admitted_at for r in self.posts if r.admitted_at is not None)
+
+    @property
+    def first_at(self) -> float:
+        return self.admitted[0]
+
+    @property
+    def refused(self) -> int:
+        return sum(r.status == 429 for r in self.posts)
+
+    @property
+    def wall_s(self) -> float:
+        """First request's arrival to the last reply (monotonic)."""
+        return max(r.monotonic for r in self.posts) - min(r.received for r in self.posts)
 
 
-@pytest.mark.parametrize("flags", [("--rpm", "6000"), ()], ids=["configured", "learned"])
-def test_a_full_minute_bucket_is_sent_at_once(tmp_path: Path, flags: tuple) -> None:
-    # OpenAI's bucket is full at the start: 400 of a 6,000/min limit may all go now. Paced
-    # evenly they would take 4 s.
-    _, wall = _run(tmp_path, fl.OpenAIBucket(rpm=6000), *flags)
-    assert wall < 2.0, wall
+def bucket_over(times: Sequence[float], capacity: float, per_s: float) -> float:
+    """How far the worst span ``[t_i, t_j]`` of ``times`` went over what a bucket full at start
+    allows, ``capacity + per_s * (t_j - t_i)`` (<= 0: never)."""
+    if not times:
+        return -capacity
+    t0, lowest, worst = times[0], math.inf, -math.inf
+    for j, t in enumerate(sorted(times)):
+        lowest = min(lowest, j - per_s * (t - t0))  # the best span start for an end at j
+        worst = max(worst, (j - per_s * (t - t0)) - lowest + 1 - capacity)
+    return worst
+
+
+def window_most(times: Sequence[float], span_s: float) -> int:
+    """The most ``times`` in one calendar window of ``span_s`` (the mode's own expression)."""
+    return max(Counter(math.floor(t / span_s) for t in times).values(), default=0)
+
+
+# -- the least each way of counting allows -------------------------------------------------------
+
+
+def bucket_least(jobs: int, capacity: float, per_s: float) -> float:
+    """A bucket full at start: ``capacity`` at once, then one per ``1 / per_s``."""
+    return max(0.0, (jobs - capacity) / per_s)
+
+
+def windows_least(jobs: int, allowed: float, span_s: float, first_at: float) -> float:
+    """Calendar windows of ``span_s`` allowing ``allowed`` each, the first starting fresh at
+    ``first_at``: each window's share at its start."""
+    needed = math.ceil(jobs / allowed)
+    if needed == 1:
+        return 0.0
+    return (math.floor(first_at / span_s) + needed - 1) * span_s - first_at
+
+
+def shared_bucket_least(jobs: int, rpm: float, other: Sequence[float]) -> float:
+    """OpenAI's bucket shared with another client whose requests (``other``, seconds from our
+    first) all go through: ours by ``t`` can be at most ``rpm + rpm / 60 * t`` less theirs."""
+    t = 0.0
+    while rpm + rpm / 60 * t - sum(o <= t for o in other) < jobs:
+        t += 0.001
+    return t
+
+
+# -- clocks and a mode that starts with the run --------------------------------------------------
+
+
+class PhaseClock:
+    """``time.time()`` shifted so that its first reading, aiq's first request, falls ``lead_s``
+    before a multiple of ``span_s``: a run crosses a calendar boundary ``lead_s`` in."""
+
+    def __init__(self, span_s: float, lead_s: float) -> None:
+        self.span_s, self.lead_s = span_s, lead_s
+        self.offset_s: float | None = None
+
+    def __call__(self) -> float:
+        now = time.time()
+        if self.offset_s is None:
+            boundary = (math.floor(now / self.span_s) + 1) * self.span_s
+            self.offset_s = boundary - self.lead_s - now
+        return now + self.offset_s
+
+
+class FromFirstRequest(fl.Mode):
+    """``make(now)``'s mode, built at the first request: another client that starts with us."""
+
+    def __init__(self, make: Callable[[float], fl.Mode]) -> None:
+        self.make = make
+        self.inner: fl.Mode | None = None
+
+    def _at(self, now: float) -> fl.Mode:
+        if self.inner is None:
+            self.inner = self.make(now)
+        return self.inner
+
+    def admit(self, now: float, cost: fl.Cost) -> fl.Refused | None:
+        return self._at(now).admit(now, cost)
+
+    def settle(self, now: float, usage: dict[str, Any]) -> None:
+        self._at(now).settle(now, usage)
+
+    def headers(self, now: float) -> dict[str, str]:
+        return self._at(now).headers(now)
+
+
+# -- the cases -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """A mode, a batch, what aiq is told when configured, and how the log is judged."""
+
+    make: Callable[[], fl.Mode]
+    jobs: int
+    flags: tuple[str, ...]  # what aiq is told when configured
+    least: Callable[[Run], float]
+    over: Callable[[Run], str | None]  # what went over the server's windows, if anything
+    budget_s: float  # the least time, before the run (for the point it is stopped at)
+    clock: Callable[[], Callable[[], float]] = lambda: time.time
+    provider: str = "openai"
+    latency_s: float = LATENCY_S
+
+
+def _bucket(rpm: int, capacity: float, jobs: int, make: Callable[[], fl.Mode]) -> Case:
+    per_s = rpm / 60
+
+    def over(run: Run) -> str | None:
+        worst = bucket_over(run.admitted, capacity, per_s)
+        return None if worst <= 1e-6 else f"{worst:.2f} over the bucket of {capacity:g}"
+
+    least = bucket_least(jobs, capacity, per_s)
+    return Case(make, jobs, ("--rpm", str(rpm)), lambda run: least, over, least)
+
+
+def _windows(
+    make: Callable[[], fl.Mode], jobs: int, rpm: int, allowed: int, span_s: float, **kw: Any
+) -> Case:
+    def over(run: Run) -> str | None:
+        most = window_most(run.admitted, span_s)
+        return None if most <= allowed else f"{most} in one {span_s:g} s window of {allowed}"
+
+    lead_s = kw.pop("lead_s", None)
+    if lead_s is not None:
+        kw["clock"] = lambda: PhaseClock(span_s, lead_s)
+
+    def least(run: Run) -> float:
+        return windows_least(jobs, allowed, span_s, run.first_at)
+
+    budget = lead_s if lead_s is not None and jobs > allowed else 0.0
+    return Case(make, jobs, ("--rpm", str(rpm)), least, over, budget, **kw)
+
+
+def _slots(slots: int, jobs: int) -> Case:
+    def over(run: Run) -> str | None:
+        # Told, never more than it serves; finding it out, one more in flight to see that
+        # nothing is gained is the least an adaptive limiter can try.
+        bound = slots if run.told else slots + 1
+        most = run.max_in_flight
+        return None if most <= bound else f"{most} in flight at a server of {slots} slots"
+
+    # 0.2 s a reply: at 50 ms, aiq's own few ms between a reply and the next request would
+    # weigh as much as the limit.
+    latency_s = 0.2
+    least = (math.ceil(jobs / slots) - 1) * latency_s
+    return Case(
+        lambda: fl.Headerless(slots=slots),
+        jobs,
+        ("--concurrency", str(slots)),
+        lambda run: least,
+        over,
+        least,
+        latency_s=latency_s,
+    )
+
+
+def _other_client(rpm: int, other_rpm: int, other_s: float, jobs: int) -> Case:
+    # The other client starts with our first request and sends for ``other_s``.
+    interval = 60 / other_rpm
+    theirs = [i * interval for i in range(math.ceil(other_s / interval))]
+    least = shared_bucket_least(jobs, rpm, theirs)
+
+    def make() -> fl.Mode:
+        return FromFirstRequest(
+            lambda now: fl.OtherClient(
+                fl.OpenAIBucket(rpm=rpm), rpm=other_rpm, start_at=now, stop_at=now + other_s
+            )
+        )
+
+    def over(run: Run) -> str | None:
+        assert isinstance(run.mode, FromFirstRequest)
+        other = run.mode.inner
+        assert isinstance(other, fl.OtherClient)
+        both = sorted(run.admitted + other.admitted_at)
+        worst = bucket_over(both, rpm, rpm / 60)
+        if worst > 1e-6:
+            return f"{worst:.2f} over the shared bucket of {rpm}"
+        # Yielding: the other client's requests go through (its own 429s are its loss).
+        if other.admitted < other.sent:
+            return f"the other client got {other.admitted} of {other.sent} through"
+        return None
+
+    return Case(make, jobs, ("--rpm", str(rpm)), lambda run: least, over, least)
+
+
+def _headerless_429(hint: str | None) -> Case:
+    # 150 a calendar minute, 200 jobs, the minute turning 2 s in: 150 at once, 50 at :00. Few
+    # enough that aiq, finding its pace, meets the limit well before the minute turns.
+    return _windows(lambda: fl.Headerless(rpm=150, hint=hint), 200, 150, 150, 60, lead_s=2.0)
+
+
+CASES: dict[str, Case] = {
+    # a. OpenAI: 300 at once from the full bucket, then 15 at 5 a second (3 s: the burst's
+    # own time, a few tenths under load, stays well inside the 15%).
+    "a-openai": _bucket(300, 300, 315, lambda: fl.OpenAIBucket(rpm=300)),
+    # a. Fewer jobs than the bucket holds: all at once (paced: 4 s).
+    "a-openai-at-once": _bucket(3000, 3000, 200, lambda: fl.OpenAIBucket(rpm=3000)),
+    # b. 6,000/min enforced as a bucket of 100 at 100 a second: 100 at once, 200 in 2 s.
+    "b-per-second": _bucket(6000, 100, 300, lambda: fl.PerSecond(rpm=6000)),
+    # c. LiteLLM's router: 599 a UTC minute, 200 jobs, all at once (paced: 20 s).
+    "c-litellm": _windows(lambda: fl.LiteLLMRouter(rpm=600), 200, 600, 599, 60),
+    # c. Azure: 1,200/min as 200 a 10 s window; the window turns 2 s in: 200, then 100.
+    "c-azure": _windows(lambda: fl.AzureWindows(rpm=1200), 300, 1200, 200, 10, lead_s=2.0),
+    # d. Groq: 14,400 a day in the header, 300/min enforced unreported (a bucket full at
+    # start), tokens per minute reported beside them.
+    "d-groq": _bucket(300, 300, 315, lambda: fl.GroqDaily(rpd=14_400, rpm=300, tpm=1_000_000)),
+    # e. Anthropic: 300 requests/min, tokens out of the way.
+    "e-anthropic": _bucket(
+        300, 300, 315, lambda: fl.AnthropicBuckets(rpm=300, itpm=10**7, otpm=10**7)
+    ),
+    # f. No headers: four slots, the rest queue.
+    "f-four-slots": _slots(4, 40),
+    # f. No headers, 150 a calendar minute, a 429 with each kind of hint.
+    "f-retry-after": _headerless_429("retry-after"),
+    "f-retry-after-whole": _headerless_429("retry-after-whole"),
+    "f-llm-provider": _headerless_429("llm_provider"),
+    "f-no-hint": _headerless_429(None),
+    # g. Another client on the key at 300/min for the first 2 s of a 600/min bucket.
+    "g-other-client": _other_client(600, 300, 2.0, 615),
+}
+CASES["e-anthropic"] = replace(CASES["e-anthropic"], provider="anthropic")
+
+# Under target on today's main (6b72055; bench/README, "After issue 12's items 1-5"): strict,
+# so each turns into a failure, to be unmarked, once the limiter meets it. The figures are from
+# `pytest -n 3` runs of this file; "uncapped" from one run let go to 60 s.
+_STALL = "sends the full bucket at once, then stalls: 301 of 315 in 4 s; uncapped, none more"
+
+_TOLD_NO_HEADERS = (
+    "told --rpm with no headers, paces evenly: 8 of 200 in 2.9 s; uncapped (300/min, 400 "
+    "jobs) 288 done in 58.6 s"
+)
+UNDER_TARGET: dict[tuple[str, str], str] = {
+    ("a-openai", "learned"): _STALL,
+    ("b-per-second", "configured"): "paces at 100/s, the first 100 not at once: 0.69",
+    ("b-per-second", "learned"): "paces at 100/s, the first 100 not at once: 0.69",
+    ("c-litellm", "configured"): "paces, 1 in flight: 25 of 200 in 2.5 s; uncapped 20.3 s",
+    ("c-litellm", "learned"): "paces, 1 in flight: 25 of 200 in 2.5 s; uncapped 20.3 s",
+    ("c-azure", "configured"): "paces at 20/s across windows: 0.69; uncapped 0.20",
+    ("c-azure", "learned"): "paces at 20/s across windows: 0.70; uncapped 0.20",
+    ("d-groq", "configured"): "stalls after its first request: 1 of 315 in 4 s; uncapped 246",
+    ("d-groq", "learned"): "reads the day's 14,400 as a minute's: 1-3 429s, efficiency 0.73-0.76",
+    ("e-anthropic", "learned"): _STALL,
+    ("f-four-slots", "learned"): "auto ramps from one: 0.56-0.70, and 8 in flight for 4 slots",
+    ("f-retry-after", "configured"): _TOLD_NO_HEADERS,
+    ("f-retry-after", "learned"): "429s 8.7% (19 of 219) as the minute runs out; efficiency 0.94",
+    ("f-retry-after-whole", "configured"): _TOLD_NO_HEADERS,
+    ("f-retry-after-whole", "learned"): "429s 8% (17 of 217), efficiency 0.79",
+    ("f-llm-provider", "configured"): _TOLD_NO_HEADERS,
+    ("f-llm-provider", "learned"): "waits the 60 s asked: 150 of 200 in 3 s, 5-20 429s",
+    ("f-no-hint", "configured"): _TOLD_NO_HEADERS,
+    ("f-no-hint", "learned"): "429s 9% (19-20 of 220), efficiency 0.81-0.84",
+    ("g-other-client", "learned"): "sends the bucket, then stalls: 601 of 615 in 3.5 s",
+}
+
+# Under target in some runs only, so not strict (an unexpected pass would be a flaky failure):
+# to be unmarked, not flipped, once the limiter is fixed.
+INTERMITTENT: dict[tuple[str, str], str] = {
+    ("a-openai", "configured"): "1 run in 5 stalls after the burst: 300 of 315 in 4 s",
+    ("e-anthropic", "configured"): "1 run in 4 stalls after the burst: 300 of 315 in 4 s",
+    ("g-other-client", "configured"): "most runs stall at 611-613 of 615 (2-4 429s), some pass",
+}
+
+
+def _params() -> list:
+    params = []
+    for name in CASES:
+        for how in ("configured", "learned"):
+            marks = []
+            if (reason := UNDER_TARGET.get((name, how))) is not None:
+                marks.append(pytest.mark.xfail(strict=True, reason=reason))
+            if (reason := INTERMITTENT.get((name, how))) is not None:
+                marks.append(pytest.mark.xfail(strict=False, reason=reason))
+            params.append(pytest.param(name, how, id=f"{name}-{how}", marks=marks))
+    return params
+
+
+# -- running aiq ---------------------------------------------------------------------------------
+
+
+def _run(tmp_path: Path, case: Case, told: bool) -> Run:
+    write_prompts(tmp_path / "p.jsonl", [(f"p{i}", f"mode prompt {i}") for i in range(case.jobs)])
+    flags = case.flags if told else ()
+    model = "claude-sonnet-4-5" if case.provider == "anthropic" else "gpt-4o-mini"
+    run = Run(case.jobs, case.make(), told)
+    server = FakeServer(limit_mode=run.mode, latency_s=case.latency_s, limit_clock=case.clock())
+    with server:
+        cmd = aiq_cmd("run", "p.jsonl", "--provider", case.provider, "--model", model,
+                      "--base-url", server.base_url, "--quiet", "--json", *flags)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, env=aiq_env(ANTHROPIC_API_KEY=API_KEY),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        out, run.stopped_s = _until_done_or_too_slow(proc, server, case)
+        run.posts = [r for r in server.requests if r.method == "POST"]
+        run.max_in_flight = server.max_in_flight
+    if run.stopped_s is None:
+        run.returncode = proc.returncode
+        if proc.returncode == 0:
+            run.done = json.loads(out)["status"]["counts"]["done"]
+    else:  # what it had finished when stopped
+        run.done = len({r.prompt for r in run.posts if r.status == 200})
+    return run
+
+
+def _until_done_or_too_slow(
+    proc: subprocess.Popen[str], server: FakeServer, case: Case
+) -> tuple[str, float | None]:
+    """Wait for ``proc``: its stdout and None; or, once its sending time has passed what the
+    efficiency bound allows (so a case under target costs seconds, not the minutes pacing
+    takes), kill it and return the sending time it was stopped at."""
+    bound_s = max(AT_ONCE_S, (case.budget_s + case.latency_s) / EFFICIENCY) + STOP_GRACE_S
+    deadline = time.monotonic() + BACKSTOP_S
+    while True:
+        try:
+            out, _ = proc.communicate(timeout=0.1)
+            return out, None
+        except subprocess.TimeoutExpired:
+            pass
+        now, posts = time.monotonic(), [r for r in server.requests if r.method == "POST"]
+        sending_s = now - min((r.received for r in posts), default=now)
+        answered = len({r.prompt for r in posts if r.status == 200})
+        # Every job answered, a run is only writing its results: let it finish.
+        if (sending_s > bound_s and answered < case.jobs) or now > deadline:
+            proc.kill()
+            proc.communicate()
+            return "", sending_s
+
+
+@pytest.mark.parametrize(("name", "how"), _params())
+def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) -> None:
+    case = CASES[name]
+    run = _run(tmp_path, case, told=how == "configured")
+    assert run.posts, "aiq sent nothing"
+    least = case.least(run)
+    wall = run.wall_s
+    efficiency = (least + case.latency_s) / wall
+    said = (
+        f"{run.done}/{run.jobs} done, 429s {run.refused}/{len(run.posts)}, least {least:.2f} s, "
+        f"sending {wall:.2f} s, efficiency {efficiency:.3f}, max in flight {run.max_in_flight}"
+        + (f", stopped at {run.stopped_s:.1f} s" if run.stopped_s is not None else "")
+    )
+    assert case.over(run) is None, f"{case.over(run)}; {said}"
+    finished = run.returncode == 0 and run.done == run.jobs
+    assert finished, said
+    assert run.refused <= SHARE_429 * len(run.posts), said
+    if least == 0:  # all at once: one latency and aiq's own time to open them
+        assert wall <= AT_ONCE_S, said
+    else:
+        assert efficiency >= EFFICIENCY, said
+
+
+@pytest.mark.parametrize("how", ["configured", "learned"])
+def test_a_limit_enforced_per_second_is_paced_at_its_rate(tmp_path: Path, how: str) -> None:
+    # A guard at today's level while b-per-second is under target (a strict xfail cannot see
+    # a regression): against the sustained rate alone, 100 a second, the first 100 not sent
+    # at once.
+    case = CASES["b-per-second"]
+    paced = (case.jobs - 1) / 100
+    run = _run(tmp_path, replace(case, budget_s=paced), told=how == "configured")
+    assert run.returncode == 0 and run.done == run.jobs
+    assert run.refused <= SHARE_429 * len(run.posts), run.refused
+    assert (paced + case.latency_s) / run.wall_s >= EFFICIENCY, run.wall_s
+
+
+# -- the judges themselves (no aiq): they must be able to fail, and agree with the modes ------
+
+
+def _ideal(mode: fl.Mode, jobs: int, start: float, step_s: float = 0.001) -> list[float]:
+    """The times an ideal client's ``jobs`` are admitted, each sent the moment ``mode`` takes
+    it (bench/limit_modes.py's ``least_s``, on a fake clock)."""
+    now, admitted = start, []
+    while len(admitted) < jobs:
+        if mode.admit(now, fl.Cost(tokens=20, input_tokens=20)) is None:
+            admitted.append(now)
+        else:
+            now += step_s
+    return admitted
+
+
+T0 = 1_800_000_000.0  # a whole minute of the epoch
+
+
+@pytest.mark.parametrize(
+    ("make", "capacity", "per_s", "jobs"),
+    [
+        (lambda: fl.OpenAIBucket(rpm=300), 300, 5, 315),
+        (lambda: fl.PerSecond(rpm=6000), 100, 100, 300),
+        (lambda: fl.GroqDaily(rpd=14_400, rpm=300), 300, 5, 315),
+        (lambda: fl.AnthropicBuckets(rpm=300, itpm=10**7, otpm=10**7), 300, 5, 315),
+    ],
+    ids=["openai", "per-second", "groq", "anthropic"],
+)
+def test_the_bucket_judges_agree_with_an_ideal_client(
+    make: Callable[[], fl.Mode], capacity: float, per_s: float, jobs: int
+) -> None:
+    admitted = _ideal(make(), jobs, T0 + 0.5)
+    assert admitted[-1] - admitted[0] == pytest.approx(bucket_least(jobs, capacity, per_s), 0.01)
+    assert bucket_over(admitted, capacity, per_s) <= 1e-6
+    # One more at the last moment is one over, less the ideal client's clock step: the judge
+    # can fail.
+    assert bucket_over([*admitted, admitted[-1]], capacity, per_s) > 0.8
+
+
+@pytest.mark.parametrize(
+    ("make", "allowed", "span_s", "jobs", "first_at"),
+    [
+        (lambda: fl.AzureWindows(rpm=1200), 200, 10, 300, T0 + 8),
+        (lambda: fl.Headerless(rpm=150), 150, 60, 200, T0 + 58),
+        (lambda: fl.LiteLLMRouter(rpm=600), 599, 60, 200, T0 + 30),
+        (lambda: fl.LiteLLMRouter(rpm=600), 599, 60, 700, T0 + 30),
+    ],
+    ids=["azure", "headerless", "litellm", "litellm-two-minutes"],
+)
+def test_the_window_judges_agree_with_an_ideal_client(
+    make: Callable[[], fl.Mode], allowed: int, span_s: float, jobs: int, first_at: float
+) -> None:
+    admitted = _ideal(make(), jobs, first_at)
+    least = windows_least(jobs, allowed, span_s, first_at)
+    assert admitted[-1] - first_at == pytest.approx(least, abs=0.002)
+    assert window_most(admitted, span_s) == min(jobs, allowed)
+    assert window_most([*admitted, admitted[0]], span_s) == min(jobs, allowed) + 1
+
+
+def test_the_shared_bucket_least_yields_the_other_clients_share() -> None:
+    # 600/min full at start, the other client 5 a second for 2 s (10 requests): 615 of ours
+    # need 15 + 10 refills at 10 a second.
+    assert shared_bucket_least(615, 600, [i * 0.2 for i in range(10)]) == pytest.approx(2.5, 0.01)
+    assert shared_bucket_least(615, 600, []) == pytest.approx(1.5, 0.01)
+
+
+def test_the_phase_clock_puts_the_first_request_before_a_boundary() -> None:
+    clock = PhaseClock(60, 2.0)
+    first = clock()
+    assert (math.floor(first / 60) + 1) * 60 - first == pytest.approx(2.0, abs=1e-6)
+    assert clock() - first < 0.1  # then it runs as time.time() does
