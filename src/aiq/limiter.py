@@ -24,8 +24,8 @@ from .ratelimit_headers import RateLimitInfo
 
 __all__ = ["HEADROOM", "WINDOW_S", "Budget", "Limiters", "RateLimiter", "RequestTooLarge", "Ticket"]
 
-# A sender waiting for its slot looks this often whether it was taken back (a lower limit
-# learned, or the provider's window saying it may go now).
+# With an injected clock, a sender waiting for its slot looks this often whether it was taken
+# back (on the real one, it is woken).
 _REBOOK_CHECK_S = 0.2
 
 
@@ -91,6 +91,7 @@ class RateLimiter:
         # booked again (with --concurrency auto every sender may hold one when the first
         # reply says the limit is lower than the one configured).
         self._generation = 0
+        self._rebooked: asyncio.Future[None] | None = None  # set when it moves
         self.learned: bool = False  # whether any limit came from the provider's headers
 
     @property
@@ -151,18 +152,38 @@ class RateLimiter:
             now = self._clock()
             at = self._book(ticket, now)
             generation = self._generation
-            # In steps, so a slot taken back (a lower limit, a burst) is booked again soon.
-            left = at - now
-            while left > 0 and self._generation == generation:
-                step = min(left, _REBOOK_CHECK_S)
-                await self._sleep(step)
-                left -= step
+            if at > now:
+                await self._wait(at - now, generation)
             if self._paused_until <= at and self._generation == generation:
                 return ticket
             # A pause began while this request waited for its slot, or a lower limit was
             # learned: give the slot back and book again, so the pause is kept and its end is
             # paced too, or the slot is paced to the new limit.
             self.refund(ticket)
+
+    async def _wait(self, seconds: float, generation: int) -> None:
+        """Sleep ``seconds``, less if the slot is taken back meanwhile (a lower limit learned,
+        or the provider's window saying it may go now): ``_generation`` moves."""
+        if self._sleep is not asyncio.sleep:  # an injected clock (tests): look in steps
+            while seconds > 0 and self._generation == generation:
+                step = min(seconds, _REBOOK_CHECK_S)
+                await self._sleep(step)
+                seconds -= step
+            return
+        if self._rebooked is None:
+            self._rebooked = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(seconds):
+                await asyncio.shield(self._rebooked)
+        except TimeoutError:
+            pass
+
+    def _rebook(self) -> None:
+        """Slots booked are to be booked again: wake every sender waiting for one."""
+        self._generation += 1
+        if self._rebooked is not None:
+            self._rebooked.set_result(None)
+            self._rebooked = None
 
     def defer(self, prompt_tokens: int = 0, reserved: int = 0, *, after_s: float) -> float | None:
         """None if a request acquired now would wait ``after_s`` or less; else how many
@@ -248,7 +269,7 @@ class RateLimiter:
             if ticket is not None:
                 entry = ticket.request if kind == "requests" else ticket.tokens
             if budget.sync(now, window, entry, minute_left_s=minute_left_s):
-                self._generation += 1
+                self._rebook()
 
     def rate_limited(self) -> None:
         """The provider answered 429: no more bursts in this run, only the pace."""
