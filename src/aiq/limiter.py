@@ -253,6 +253,7 @@ class RateLimiter:
             return
         now = self._clock()
         minute_left_s = WINDOW_S - self._wall() % WINDOW_S
+        rebook = False
         for kind, window in (("requests", info.requests), ("tokens", info.tokens)):
             budget = self._requests if kind == "requests" else self._tokens
             if budget is None:
@@ -268,14 +269,21 @@ class RateLimiter:
             entry = None
             if ticket is not None:
                 entry = ticket.request if kind == "requests" else ticket.tokens
-            if budget.sync(now, window, entry, minute_left_s=minute_left_s):
-                self._rebook()
+            rebook = budget.sync(now, window, entry, minute_left_s=minute_left_s) or rebook
+        if rebook:
+            # Every sender books again, in both budgets: a slot still held in one would
+            # keep the senders behind it there.
+            for budget in (self._requests, self._tokens):
+                if budget is not None:
+                    budget.drop_ahead(now)
+            self._rebook()
 
     def rate_limited(self) -> None:
         """The provider answered 429: no more bursts in this run, only the pace."""
+        now = self._clock()
         for budget in (self._requests, self._tokens):
             if budget is not None:
-                budget.stop_bursting()
+                budget.stop_bursting(now)
 
     def wait_s(self) -> float:
         """Seconds until the next request booked for later goes, or with none booked, until
