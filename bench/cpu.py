@@ -9,8 +9,10 @@ told nothing (``--learned``: the limit comes from the headers).
 
 aiq's CPU share is its process's CPU seconds (user + system, read from ``/proc/PID/stat``
 every 50 ms) over the wall seconds of the sending phase: from the server's first request to
-its last. The whole run's figure (start-up, enqueue and export included, from ``getrusage``) is
-reported beside it, and CPU µs per request, which does not depend on how busy the machine is.
+its last; and in its steady state, from two latencies after the first request (connections
+open, the size settled) to the last. The whole run's figure (start-up, enqueue and export
+included, from ``getrusage``) is reported beside them, and CPU µs per request, which moves
+less with how busy the machine is.
 
     .venv/bin/python bench/cpu.py                         # told --rpm 30000, 12,000 jobs
     .venv/bin/python bench/cpu.py --learned
@@ -200,6 +202,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     (end_cpu, end_main), (start_cpu, start_main) = _cpu_at(samples, last), _cpu_at(samples, first)
     send_cpu_s, main_cpu_s = end_cpu - start_cpu, end_main - start_main
     rate = stats["counted"] / send_s
+    # The steady state: from two latencies after the first request (connections opened, the
+    # size settled) to the last; its requests counted from the rate, as the pace is even.
+    steady_from = first + 2 * args.latency
+    steady_cpu_s = _cpu_at(samples, last)[0] - _cpu_at(samples, steady_from)[0]
+    steady_s = last - steady_from
     return {
         "told": "nothing (learned)" if args.learned else f"--rpm {args.rpm}",
         "jobs": args.jobs,
@@ -211,6 +218,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "main_thread_share": round(main_cpu_s / send_s, 3),
         "cpu_us_per_req": round(send_cpu_s / stats["counted"] * 1e6),
         "share_at_500_per_s": round(send_cpu_s / stats["counted"] * 500, 3),
+        "steady_share": round(steady_cpu_s / steady_s, 3) if steady_s > 0 else None,
         "wall_s": round(wall_s, 1),
         "whole_run_cpu_s": round(usage, 1) if usage is not None else None,
         "whole_run_cpu_share": round(usage / wall_s, 3) if usage is not None else None,
