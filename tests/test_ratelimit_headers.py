@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiq.providers.base import reply_headers
 from aiq.ratelimit_headers import (
     RateLimitInfo,
     Window,
@@ -119,3 +120,32 @@ def test_read_rate_limits_finds_either_providers_headers_in_any_case(wrap: type)
 
 def _lower(headers: dict[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
+
+
+_PARTS, _KINDS = ("limit", "remaining", "reset"), ("requests", "tokens")
+_NAMES = [f"x-ratelimit-{p}-{k}" for p in _PARTS for k in _KINDS] + [
+    f"anthropic-ratelimit-{k}-{p}" for k in _KINDS for p in _PARTS
+]
+_VALUES = st.sampled_from(["500", "499", "0", "1.5", "6m0s", "120ms", "59.99s", "lots", "", "-3"])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([*_NAMES, "x-request-id", "content-type"]).flatmap(
+                lambda name: st.sampled_from([name, name.upper(), name.title()])
+            ),
+            _VALUES,
+        ),
+        max_size=16,
+    )
+)
+def test_a_replys_one_pass_reads_what_the_headers_say(pairs: list[tuple[str, str]]) -> None:
+    """reply_headers gathers the rate-limit headers in its one pass over a reply's headers
+    (for speed); it reads the same as looking each up in httpx.Headers, repeats included."""
+    headers = httpx.Headers(pairs)
+    ids = [v for k, v in pairs if k.lower() == "x-request-id"]
+    assert reply_headers(headers, b"x-request-id") == (
+        ids[-1] if ids else None,
+        read_rate_limits(headers),
+    )

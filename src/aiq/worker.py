@@ -509,7 +509,10 @@ class Worker:
                 if self._cycle_due():
                     self._wake.set()
                 return None
-        if self._auto is None:
+        # With one limiter there is no other model's job to let through meanwhile: a sender
+        # let in would only book a slot further ahead (every reply's header sync goes over
+        # the slots booked ahead), so a sender waiting here keeps its turn at the gate.
+        if self._auto is None or not self._limiters.several:
             return await limiter.acquire(cost.prompt, cost.reserved)
         async with self._auto.pacing():
             return await limiter.acquire(cost.prompt, cost.reserved)

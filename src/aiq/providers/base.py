@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 
 import httpx
 import orjson
 
-from ..ratelimit_headers import RATE_LIMIT_PREFIXES, RateLimitInfo, read_rate_limits
+from ..ratelimit_headers import (
+    RATE_LIMIT_PREFIXES,
+    RateLimitInfo,
+    parse_rate_limit_headers,
+    read_rate_limits,
+)
 
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
 _BY_STATUS: dict[int, tuple[str, bool, bool]] = {
@@ -151,15 +157,25 @@ def reply_headers(
     headers: httpx.Headers, id_name: bytes
 ) -> tuple[str | None, RateLimitInfo | None]:
     """A reply's request id (the ``id_name`` header, lower case) and its rate-limit headers,
-    in one pass over the raw headers: this runs on every reply."""
-    request_id, limited = None, False
+    in one pass over the raw headers: this runs on every reply. The rate-limit ones are
+    gathered as they pass, so they are parsed from a small dict rather than looked up one by
+    one in ``httpx.Headers`` (each lookup a scan of every header: ~50 µs a reply at 500
+    replies a second, bench/README.md "CPU")."""
+    request_id = None
+    limits_found: dict[str, str] | None = None
     for key, value in headers.raw:
         key = key.lower()
         if key == id_name:
             request_id = value.decode("latin-1")
         elif key.startswith(RATE_LIMIT_PREFIXES):
-            limited = True
-    return request_id, read_rate_limits(headers) if limited else None
+            if limits_found is None:
+                limits_found = {}
+            name, text = key.decode(headers.encoding), value.decode(headers.encoding)
+            # Repeated, they read as httpx.Headers.get reads them: joined by commas.
+            limits_found[name] = f"{limits_found[name]}, {text}" if name in limits_found else text
+    if limits_found is None:
+        return request_id, None
+    return request_id, parse_rate_limit_headers(limits_found, datetime.now(UTC))
 
 
 def token_count(value: object) -> int:
