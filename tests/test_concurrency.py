@@ -102,32 +102,6 @@ def test_a_sender_waiting_in_a_limiter_lets_the_next_one_through() -> None:
     assert order == ["paced waits", "other sends", "paced sends"]
 
 
-def test_until_the_first_reply_a_seconds_pace_more_may_be_busy() -> None:
-    """The ramp: sized once a second for the time since the first request, so a second of the
-    pace more may be busy meanwhile; after the first reply, the size alone."""
-    auto = AutoConcurrency(Limiters(rpm=6000), 10_000)  # size 125 (see above); pace 98/s
-    entered = 0
-
-    async def sender() -> None:
-        nonlocal entered
-        await auto.enter()
-        entered += 1
-
-    async def scenario() -> tuple[int, int]:
-        tasks = [asyncio.create_task(sender()) for _ in range(400)]
-        await asyncio.sleep(0.01)
-        ramp = entered
-        auto.observe(1.0)  # the first reply: the size is unchanged, the ramp over
-        for _ in range(150):
-            await auto.leave()
-        await asyncio.sleep(0.01)
-        for task in tasks:
-            task.cancel()
-        return ramp, entered
-
-    assert asyncio.run(scenario()) == (125 + 98, 125 + 98 + (125 - (125 + 98 - 150)))
-
-
 def test_opening_the_gate_lets_every_waiting_sender_through() -> None:
     auto = AutoConcurrency(Limiters(), 8)  # size 1
 

@@ -149,11 +149,8 @@ class AutoConcurrency:
 
     async def enter(self) -> None:
         """Wait while ``size`` senders are busy (waiting for a limiter counts as busy: a sender
-        there has its request as good as in flight, unless it is marked ``pacing``), or a
-        second's pace more before the first reply (:meth:`_ramp`)."""
-        await self._gate.wait_for(
-            lambda: self._open or self._active - self._pacing < self.size + self._ramp()
-        )
+        there has its request as good as in flight, unless it is marked ``pacing``)."""
+        await self._gate.wait_for(lambda: self._open or self._active - self._pacing < self.size)
         self._active += 1
         if self._first_at is None:
             self._first_at = self._clock()
@@ -208,16 +205,6 @@ class AutoConcurrency:
         if now - self._sized_at < _EVERY_S:
             return False
         return self._resize(now, _BUNCHED * max(_ASSUMED_LATENCY_S, now - self._first_at))
-
-    def _ramp(self) -> int:
-        """Until the first reply, senders that may be busy beyond ``size``: a second of the
-        pace. ``tick`` sizes for the time since the first request once a second, and the
-        requests sent meanwhile are all still out; without these a sender waiting for its
-        slot (busy, with one limiter) would hold the pace back until the next sizing."""
-        if self._latency.count:
-            return 0
-        rate = self._limiters.requests_per_s()
-        return math.ceil(rate * _EVERY_S) if rate else 0
 
     def _unpaced(self) -> bool:
         return self._limiters.requests_per_s() is None or self._limiters.unpaced

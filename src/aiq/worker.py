@@ -509,10 +509,7 @@ class Worker:
                 if self._cycle_due():
                     self._wake.set()
                 return None
-        # With one limiter there is no other model's job to let through meanwhile: a sender
-        # let in would only book a slot further ahead (every reply's header sync goes over
-        # the slots booked ahead), so a sender waiting here keeps its turn at the gate.
-        if self._auto is None or not self._limiters.several:
+        if self._auto is None:
             return await limiter.acquire(cost.prompt, cost.reserved)
         async with self._auto.pacing():
             return await limiter.acquire(cost.prompt, cost.reserved)
