@@ -717,3 +717,26 @@ def test_a_burst_in_one_budget_frees_the_slots_held_in_the_other() -> None:
     times = asyncio.run(go())
     # Still the pace of 300/min: a slot every 0.2 s, none later than the 20th's.
     assert times[-1] - times[0] <= 19 * 60 / 300 / HEADROOM + 0.25
+
+
+def test_a_bucket_reply_written_after_the_burst_it_counts_leaves_no_debt() -> None:
+    """OpenAI's bucket of 300, sent at once; the first request's reply was written after the
+    whole burst arrived (remaining 0). The 299 booked after that request are in its count:
+    the next goes at the refill (5 a second), not a minute later."""
+    clock = FakeClock()
+    lim = limiter(clock, rpm=300)
+
+    async def go() -> list[float]:
+        first = await lim.acquire()
+        lim.observe(unlimited_info(requests=Window(300, 299, 0.2)), first)
+        [await lim.acquire() for _ in range(299)]
+        start = clock.now
+        lim.observe(unlimited_info(requests=Window(300, 0, 60.0)), first)
+        out = []
+        for _ in range(3):
+            await lim.acquire()
+            out.append(clock.now - start)
+        return out
+
+    times = asyncio.run(go())
+    assert times[-1] <= 3 * 60 / 300 / HEADROOM + 1e-6

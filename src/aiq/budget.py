@@ -252,13 +252,14 @@ class Budget:
             and reset is not None
             and abs(remaining + reset * per_s - window_limit) <= max(2.0, 0.05 * window_limit)
         )
-        # A bucket fits every sample; one that does not (a sliding minute's first: little
-        # used and a minute to go) says the window is something else, for the run.
+        # A bucket fits every sample; one far off (a sliding minute's first: little used and
+        # a minute to go, half again over the limit) says the window is something else, for
+        # the run. One a little off (a rounded reset, a late reply) is only not a bucket's.
+        if own and reset is not None and remaining + reset * per_s > 1.5 * window_limit:
+            self._not_bucket = True
         self._bucket = fits and not self._not_bucket
-        self._not_bucket = not self._bucket
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
-        unseen = self._unseen(now, entry)
         if self._bucket:
             # A bucket allows more than a minute's worth in a minute: no 60-second guard.
             self._guard = False
@@ -266,10 +267,12 @@ class Budget:
             if not self.burst_off and not self.burst:
                 self.burst = rebook = True  # slots booked ahead at the pace may go now
                 self.drop_ahead(now)
-                unseen = self._unseen(now, entry)
-            # The bucket is ``remaining`` from full, and our bookings it has not counted
-            # come on top.
-            owed = window_limit - remaining + unseen
+            # The bucket is ``remaining`` from full, and our bookings not sent yet come on
+            # top. Only those: the ones sent since the request this answers may be counted
+            # already (a reply's headers may be written as it leaves), and a bucket's debt
+            # is paid at its refill, a minute for a minute's worth; our own bookings drain
+            # the model of it apart (``_own_full_at``), so a stale sample sends no more.
+            owed = window_limit - remaining + self._ahead(now)
             self._seen_full_at = now + owed / self._refill
             return rebook
         # What is left may go at once where the provider says its window is short (then
@@ -277,6 +280,7 @@ class Budget:
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
         self.burst = own and not self.burst_off and (reset is None or reset < SHORT_WINDOW_S)
         self._peak = max(self._peak, remaining)
+        unseen = self._unseen(now, entry)
         # A hair after the reset, so a boundary's float rounding never counts it as before.
         until = (
             now + _EPSILON_S + (reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S)
