@@ -740,3 +740,13 @@ def test_a_bucket_reply_written_after_the_burst_it_counts_leaves_no_debt() -> No
 
     times = asyncio.run(go())
     assert times[-1] <= 3 * 60 / 300 / HEADROOM + 1e-6
+
+
+def test_more_left_than_a_short_window_holds_is_not_sent_at_once() -> None:
+    """Groq's requests headers count a day (14,400, reset 6 s after one request): a reset
+    under 10 s with nearly all of a minute's limit left is no short window, so it is paced."""
+    clock = FakeClock()
+    lim = limiter(clock)
+    lim.observe(unlimited_info(requests=Window(14_400, 14_399, 6.0)))
+    times = drain(lim, clock, 11)
+    assert times[-1] - times[0] == pytest.approx(10 * 60 / 14_400 / HEADROOM)

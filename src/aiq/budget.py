@@ -278,7 +278,11 @@ class Budget:
         # What is left may go at once where the provider says its window is short (then
         # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
-        self.burst = own and not self.burst_off and (reset is None or reset < SHORT_WINDOW_S)
+        # (A short window holds at most its seconds' share of the limit: more left than
+        # that, with a short reset, is a longer window's count, Groq's requests per day.)
+        short = reset is not None and reset < SHORT_WINDOW_S
+        short = short and remaining <= window_limit * SHORT_WINDOW_S / WINDOW_S + 1
+        self.burst = own and not self.burst_off and (reset is None or short)
         self._peak = max(self._peak, remaining)
         unseen = self._unseen(now, entry)
         # A hair after the reset, so a boundary's float rounding never counts it as before.
