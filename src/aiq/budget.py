@@ -32,6 +32,9 @@ _EPSILON_S = 1e-6
 # calendar minute, its cache key the UTC minute): it is taken to refill at the next minute of
 # the clock, this long after, for clocks that differ by a little.
 CALENDAR_MARGIN_S = 0.5
+# Whether senders booked ahead may go now into what a window says is left is looked at most
+# this often: finding out walks every slot booked ahead, and the answer wakes every sender.
+REBOOK_EVERY_S = 0.1
 # A provider's reset shorter than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is what it enforces.
 SHORT_WINDOW_S = 10.0
@@ -88,6 +91,7 @@ class Budget:
         self._cap_until = -math.inf
         self._fresh_at = math.inf
         self._peak = 0.0  # the most any sample said was left: what a window lets go at once
+        self._rebook_check_at = -math.inf
         self.burst = False  # what the provider says is left may go at once
         self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
 
@@ -289,10 +293,13 @@ class Budget:
         until = (
             now + _EPSILON_S + (reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S)
         )
-        if self.burst and self._last_at > now and remaining - unseen + self._ahead(now) >= 1:
-            rebook = True  # slots booked ahead at the pace may go now
-            self.drop_ahead(now)
-            unseen = self._unseen(now, entry)
+        if self.burst and self._last_at > now and now >= self._rebook_check_at:
+            # (Looked at now and then: what is booked ahead is walked to find it.)
+            self._rebook_check_at = now + REBOOK_EVERY_S
+            if remaining - unseen + self._ahead(now) >= 1:
+                rebook = True  # slots booked ahead at the pace may go now
+                self.drop_ahead(now)
+                unseen = self._unseen(now, entry)
         self._cap_left, self._cap_until, self._fresh_at = remaining - unseen, until, until
         return rebook
 
