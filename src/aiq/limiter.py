@@ -91,7 +91,7 @@ class RateLimiter:
         # booked again (with --concurrency auto every sender may hold one when the first
         # reply says the limit is lower than the one configured).
         self._generation = 0
-        self._rebooked: asyncio.Future[None] | None = None  # set when it moves
+        self._waiters: set[asyncio.Future[None]] = set()  # woken when it moves
         self.learned: bool = False  # whether any limit came from the provider's headers
 
     @property
@@ -170,20 +170,25 @@ class RateLimiter:
                 await self._sleep(step)
                 seconds -= step
             return
-        if self._rebooked is None:
-            self._rebooked = asyncio.get_running_loop().create_future()
+        # A future of its own (not a shield around a shared one: each shield leaves a
+        # callback on it, thousands of them run at every wake-up).
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
         try:
             async with asyncio.timeout(seconds):
-                await asyncio.shield(self._rebooked)
+                await waiter
         except TimeoutError:
             pass
+        finally:
+            self._waiters.discard(waiter)
 
     def _rebook(self) -> None:
         """Slots booked are to be booked again: wake every sender waiting for one."""
         self._generation += 1
-        if self._rebooked is not None:
-            self._rebooked.set_result(None)
-            self._rebooked = None
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def defer(self, prompt_tokens: int = 0, reserved: int = 0, *, after_s: float) -> float | None:
         """None if a request acquired now would wait ``after_s`` or less; else how many
