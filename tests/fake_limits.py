@@ -563,6 +563,54 @@ class OtherClient(Mode):
         return self.inner.headers(now)
 
 
+class SpendLimit(Mode):
+    """A hard spend limit reached after ``after`` accepted calls: every request after that is
+    refused with a 429 that is money, not pacing, and no ``retry-after``.
+
+    - ``shape="openai-organization"`` / ``"openai-project"``: ``{"error": {"type":
+      "insufficient_quota", "code": "organization_spend_limit_exceeded"}}`` (or
+      ``project_spend_limit_exceeded``): OpenAI's hard spend limits (its spend-limits guide;
+      enforcement "not instantaneous").
+    - ``shape="anthropic"``: ``{"type": "error", "error": {"type": "rate_limit_error",
+      "message": "You have reached your API usage limits...", "details": {"error_code":
+      "enforced_spend_limit_reached"}}}``: Anthropic's monthly spend cap; retries fail until
+      the next month.
+
+    Source: ../shared/PROVIDERS.md, "429s and other errors that are not pacing" (both rows),
+    and the bodies quoted in issue 13.
+    """
+
+    _SHAPES = ("openai-organization", "openai-project", "anthropic")
+
+    def __init__(self, *, after: int, shape: str = "openai-organization") -> None:
+        if shape not in self._SHAPES:
+            raise ValueError(f"shape must be one of {', '.join(self._SHAPES)}")
+        self.after, self.shape, self.admitted = after, shape, 0
+
+    def admit(self, now: float, cost: Cost) -> Refused | None:
+        if self.admitted < self.after:
+            self.admitted += 1
+            return None
+        if self.shape == "anthropic":
+            error = {
+                "type": "rate_limit_error",
+                "message": (
+                    "You have reached your API usage limits. You will regain access on "
+                    "2027-01-01 at 00:00 UTC."
+                ),
+                "details": {"error_code": "enforced_spend_limit_reached"},
+            }
+            return Refused({"type": "error", "error": error}, {})
+        which = self.shape.removeprefix("openai-")
+        error = {
+            "message": f"You have exceeded your {which}'s spend limit.",
+            "type": "insufficient_quota",
+            "param": None,
+            "code": f"{which}_spend_limit_exceeded",
+        }
+        return Refused({"error": error}, {})
+
+
 MODES: dict[str, Callable[..., Mode]] = {
     "openai": OpenAIBucket,
     "per-second": PerSecond,

@@ -91,6 +91,8 @@ def test_retry_after_ms_round_trips(ms: int) -> None:
             ("invalid_request", False, False),
         ),
         (429, "You exceeded your current quota", "insufficient_quota", ("quota", False, True)),
+        (429, "spend limit", "organization_spend_limit_exceeded", ("spend_limit", False, True)),
+        (429, "spend limit", "project_spend_limit_exceeded", ("spend_limit", False, True)),
         (400, "Your credit balance is too low", None, ("quota", False, True)),
         (400, "maximum context length is 8192", None, ("invalid_request", False, False)),
         (500, "oops", None, ("server", True, False)),

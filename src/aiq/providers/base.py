@@ -40,7 +40,21 @@ _FATAL_HINTS = {
     "auth": "check the API key (environment variable {key_env}) and its permissions",
     "not_found": "check --base-url and the model name",
     "quota": "the account is out of quota or credit; add credit or raise the limit, then resume",
+    "spend_limit": (
+        "the organization or project reached its spend limit: raise it in the provider's "
+        "console (or wait for the limit's period to end), then run aiq resume"
+    ),
 }
+# Error codes of a hard spend limit: a 429 that is money, not pacing, and fails again until
+# someone raises the limit (OpenAI's spend-limits guide; Anthropic's monthly spend cap, sent as
+# a rate_limit_error with ``details.error_code``; ../shared/PROVIDERS.md).
+SPEND_LIMIT_CODES = frozenset(
+    {
+        "organization_spend_limit_exceeded",
+        "project_spend_limit_exceeded",
+        "enforced_spend_limit_reached",
+    }
+)
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 # A key shorter than this is not looked for in what aiq writes. Real keys are long (OpenAI's
 # are 50+ characters, Anthropic's 100+); short ones are the dummies local servers are given
@@ -139,7 +153,8 @@ def error_from(
     cut out of it) and code, the class from the one table, a hint for fatal ones, its
     Retry-After and rate-limit headers."""
     message, code = error_message(resp, content, code_keys=code_keys, secret=secret)
-    error_type, retryable, fatal = classify_status(resp.status_code, message, code)
+    codes = error_codes(content) if resp.status_code == 429 else frozenset()
+    error_type, retryable, fatal = classify_status(resp.status_code, message, code, codes=codes)
     if fatal:
         message = f"{message} ({fatal_hint(error_type, key_env)})"
     return ProviderError(
@@ -242,9 +257,30 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
-def classify_status(status: int, message: str, code: str | None = None) -> tuple[str, bool, bool]:
-    """(error type, retryable, fatal) for an HTTP error status and the provider's message."""
+def error_codes(content: bytes) -> frozenset[str]:
+    """Every code an error body names: ``error.code``, ``error.type`` and Anthropic's
+    ``error.details.error_code`` (a spend limit hides there behind ``rate_limit_error``)."""
+    try:
+        err = orjson.loads(content).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return frozenset()
+    if not isinstance(err, dict):
+        return frozenset()
+    details = err.get("details")
+    found = [err.get("code"), err.get("type")]
+    if isinstance(details, dict):
+        found.append(details.get("error_code"))
+    return frozenset(c for c in found if isinstance(c, str) and c)
+
+
+def classify_status(
+    status: int, message: str, code: str | None = None, *, codes: frozenset[str] = frozenset()
+) -> tuple[str, bool, bool]:
+    """(error type, retryable, fatal) for an HTTP error status and the provider's message;
+    ``codes``, every code the body names (:func:`error_codes`)."""
     lowered = message.lower()
+    if codes & SPEND_LIMIT_CODES or code in SPEND_LIMIT_CODES:
+        return "spend_limit", False, True
     if code in ("insufficient_quota", "billing_error") or "credit balance is too low" in lowered:
         return "quota", False, True
     if "context_length_exceeded" in (code or "") or "maximum context length" in lowered:
