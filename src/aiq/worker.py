@@ -25,6 +25,7 @@ from .durations import duration_text
 from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError, Reply
 from .records import DEAD, DONE, QUEUED, Job, Outcome
+from .refusals import RefusalStreak
 from .store import JobStore
 from .timeouts import Timeouts
 from .waits import ModelLimits, limits_text, waiting_text
@@ -147,6 +148,7 @@ class Worker:
         self._concurrency = concurrency
         self._senders: list[asyncio.Task[None]] = []
         self._breaker = breaker or CircuitBreaker()
+        self._refusals = RefusalStreak()
         # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
         self._timeouts = timeouts
         self._cuts: dict[int, int] = {}  # job id -> times a learned timeout cut it
@@ -543,6 +545,19 @@ class Worker:
         )
         self.stop()
 
+    def _give_up_on_refusals(self, err: ProviderError) -> None:
+        """Every call refused with a 429 for longer than --max-outage: a limit that does not
+        refill (a model that always fails, a quota nobody reports), not a pace to wait for."""
+        self.fatal = self.fatal or ProviderError(
+            "rate_limit",
+            f"the provider has answered every call with 429 for over "
+            f"{duration_text(self._retry.max_outage_s)} (--max-outage), the last with "
+            f"{quoted(err.message)}; no job was charged for it. Check the account's limits "
+            "for this model, then run aiq resume",
+            fatal=True,
+        )
+        self.stop()
+
     def _give_up_on_endpoint(self) -> None:
         """No call has reached the endpoint: a wrong URL or a server not running, most likely;
         waiting --max-outage for it would only hide that."""
@@ -566,6 +581,7 @@ class Worker:
         if self._probe_jobs:
             self._probe_jobs.discard(job.id)
         self._breaker.record(False)
+        self._refusals.succeeded()
         if self._timeouts is not None:
             self._learned(charge.model, finished - started)
         auto = self._auto
@@ -636,16 +652,24 @@ class Worker:
         if never_reached and breaker.never_reached():
             self._give_up_on_endpoint()
             return out
+        # A 429 costs no attempt, so its backoff grows with the run's streak of refusals.
+        rounds = self._refusals.refused() if rate_limited else 0
         wait_s = backoff.delay(
-            max(1, out.attempts),
+            max(1, out.attempts, rounds),
             base_s=self._retry.base_s,
             cap_s=self._retry.cap_s,
             retry_after_s=err.retry_after_s,
         )
         if err.retry_after_s is not None or rate_limited:
             # The server's pace holds for every request, not just this one: pause all senders
-            # (for as long as it said, or for this job's backoff if it named no time).
-            limiter.pause(err.retry_after_s if err.retry_after_s is not None else wait_s)
+            # (for as long as it said, or for the streak's backoff if it named no time).
+            pause_s = err.retry_after_s if err.retry_after_s is not None else wait_s
+            limiter.pause(pause_s)
+            if rate_limited:
+                self._refusals.pausing(pause_s)
+        if rate_limited and self._refusals.lasted_s() > self._retry.max_outage_s:
+            self._give_up_on_refusals(err)
+            return out
         if not err.retryable or out.attempts >= self._retry.max_attempts:
             out.state, out.finished_at = DEAD, now
             return out
