@@ -318,7 +318,6 @@ CASES["e-anthropic"] = replace(CASES["e-anthropic"], provider="anthropic")
 _TOLD_NO_HEADERS = "told --rpm, no headers: paced evenly by choice, 8 of 200 in 2.9 s (0.71)"
 UNDER_TARGET: dict[tuple[str, str], str] = {
     ("d-groq", "configured"): "told 300 under the reported (daily) 14,400: paced, 20/315 in 4 s",
-    ("d-groq", "learned"): "takes the day's 14,400 for a minute's: 15 429s of 329 (4.6%)",
     ("f-four-slots", "learned"): "auto ramps from one: 21 of 40 in 2.9 s (0.70)",
     ("f-retry-after", "configured"): _TOLD_NO_HEADERS,
     ("f-retry-after", "learned"): "429s 21 of 221 (9.5%) as the minute runs out; 0.94",
@@ -333,6 +332,7 @@ UNDER_TARGET: dict[tuple[str, str], str] = {
 # Under target in some runs only, so not strict (an unexpected pass would be a flaky failure):
 # to be unmarked, not flipped, once the limiter is fixed.
 INTERMITTENT: dict[tuple[str, str], str] = {
+    ("d-groq", "learned"): "4.6% 429s before the 429 streak backoff; passes since, not yet often",
     ("b-per-second", "learned"): "0.85-0.95; under a loaded suite 0.849 once (auto's ramp)",
     ("g-other-client", "configured"): "some runs: 2 429'd jobs not retried before the cut",
     ("g-other-client", "learned"): "some runs: 7 429s of 622 (1.1%) beside the other client",
