@@ -232,14 +232,7 @@ class Budget:
           10-second enforcement, fixed or refilled) or has no reset, ``remaining`` may go at
           once; over a sliding minute, at the pace.
         """
-        rebook = False
-        if reported.limit:
-            limit = min(self._ceiling, reported.limit)
-            if limit != self.per_minute:
-                rebook = limit < self.per_minute
-                self.set_limit(limit)
-                if rebook:
-                    self.drop_ahead(now)
+        rebook = self._follow_limit(now, reported.limit)
         if reported.remaining is None:
             return rebook
         remaining = float(reported.remaining)
@@ -250,7 +243,7 @@ class Budget:
         # A configured limit under the provider's is the user's own: held over any minute,
         # with what the provider says is left as a ceiling, never sent at once.
         own = window_limit <= self.per_minute * 1.05
-        self._guard = self.burst_off or not own  # (not over a bucket: set below)
+        self._guard = self.burst_off or not own  # (not over a bucket: set there)
         fits = (
             own
             and reset is not None
@@ -265,20 +258,7 @@ class Budget:
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
         if self._bucket:
-            # A bucket allows more than a minute's worth in a minute: no 60-second guard.
-            self._guard = False
-            self._capacity = window_limit
-            if not self.burst_off and not self.burst:
-                self.burst = rebook = True  # slots booked ahead at the pace may go now
-                self.drop_ahead(now)
-            # The bucket is ``remaining`` from full, and our bookings not sent yet come on
-            # top. Only those: the ones sent since the request this answers may be counted
-            # already (a reply's headers may be written as it leaves), and a bucket's debt
-            # is paid at its refill, a minute for a minute's worth; our own bookings drain
-            # the model of it apart (``_own_full_at``), so a stale sample sends no more.
-            owed = window_limit - remaining + self._ahead(now)
-            self._seen_full_at = now + owed / self._refill
-            return rebook
+            return self._sync_bucket(now, remaining, window_limit) or rebook
         # What is left may go at once where the provider says its window is short (then
         # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
@@ -287,12 +267,52 @@ class Budget:
         short = reset is not None and reset < SHORT_WINDOW_S
         short = short and remaining <= window_limit * SHORT_WINDOW_S / WINDOW_S + 1
         self.burst = own and not self.burst_off and (reset is None or short)
+        # A hair after the reset, so a boundary's float rounding never counts it as before.
+        until = now + _EPSILON_S
+        until += reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S
+        return self._sync_window(now, remaining, until, entry) or rebook
+
+    def _follow_limit(self, now: float, reported: int | None) -> bool:
+        """A limit the provider reports below ours wins; True if slots booked ahead at the
+        old pace were taken back (too close for the new one)."""
+        if not reported:
+            return False
+        limit = min(self._ceiling, reported)
+        if limit == self.per_minute:
+            return False
+        lower = limit < self.per_minute
+        self.set_limit(limit)
+        if lower:
+            self.drop_ahead(now)
+        return lower
+
+    def _sync_bucket(self, now: float, remaining: float, capacity: float) -> bool:
+        """A minute's bucket sampled: ``remaining`` from full. True if a burst begins."""
+        rebook = False
+        # A bucket allows more than a minute's worth in a minute: no 60-second guard.
+        self._guard = False
+        self._capacity = capacity
+        if not self.burst_off and not self.burst:
+            self.burst = rebook = True  # slots booked ahead at the pace may go now
+            self.drop_ahead(now)
+        # Our bookings not sent yet come on top of what the bucket is from full. Only those:
+        # the ones sent since the request this answers may be counted already (a reply's
+        # headers may be written as it leaves), and a bucket's debt is paid at its refill, a
+        # minute for a minute's worth; our own bookings drain the model of it apart
+        # (``_own_full_at``), so a stale sample sends no more.
+        owed = capacity - remaining + self._ahead(now)
+        self._seen_full_at = now + owed / self._refill
+        return rebook
+
+    def _sync_window(
+        self, now: float, remaining: float, until: float, entry: _Entry | None
+    ) -> bool:
+        """Any other window sampled: no more than ``remaining`` (less what it may not have
+        counted) before ``until``, the pace starting over there. True if slots booked ahead
+        may go now into what it says is left."""
+        rebook = False
         self._peak = max(self._peak, remaining)
         unseen = self._unseen(now, entry)
-        # A hair after the reset, so a boundary's float rounding never counts it as before.
-        until = (
-            now + _EPSILON_S + (reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S)
-        )
         if self.burst and self._last_at > now and now >= self._rebook_check_at:
             # (Looked at now and then: what is booked ahead is walked to find it.)
             self._rebook_check_at = now + REBOOK_EVERY_S
