@@ -46,6 +46,10 @@ LATENCY_S = 0.05
 # 0.9+ alone, measured 0.83-0.84 in full-suite CI runs (the senders' start-up, slowed).
 EFFICIENCY = 0.8
 SHARE_429 = 0.01
+# Headerless 429s: aiq's own time to read the first (its reply, a loaded suite); the probes
+# of a guessed window's turn it may send before it (1, 3, 7, 15, 31 s after: aiq.refusal_limit).
+FIRST_ROUND_S = 0.3
+PROBES = 5
 # A run is stopped this long after its sending time passed the efficiency bound; any run is
 # stopped after the backstop.
 STOP_GRACE_S = 0.5
@@ -83,6 +87,11 @@ class Run:
     @property
     def refused(self) -> int:
         return sum(r.status == 429 for r in self.posts)
+
+    def refused_after(self, seconds: float) -> int:
+        """429s of requests that arrived ``seconds`` or more after the first 429 did."""
+        refusals = [r.received for r in self.posts if r.status == 429]
+        return sum(t >= min(refusals) + seconds for t in refusals) if refusals else 0
 
     @property
     def wall_s(self) -> float:
@@ -190,6 +199,9 @@ class Case:
     clock: Callable[[], Callable[[], float]] = lambda: time.time
     provider: str = "openai"
     latency_s: float = LATENCY_S
+    # A server that says nothing until its first 429: what was in flight then is refused
+    # too, and the guessed turn of its window probed (aiq.refusal_limit).
+    unseen: bool = False
 
 
 def _bucket(rpm: int, capacity: float, jobs: int, make: Callable[[], fl.Mode]) -> Case:
@@ -276,7 +288,8 @@ def _other_client(rpm: int, other_rpm: int, other_s: float, jobs: int) -> Case:
 def _headerless_429(hint: str | None) -> Case:
     # 150 a calendar minute, 200 jobs, the minute turning 2 s in: 150 at once, 50 at :00. Few
     # enough that aiq, finding its pace, meets the limit well before the minute turns.
-    return _windows(lambda: fl.Headerless(rpm=150, hint=hint), 200, 150, 150, 60, lead_s=2.0)
+    case = _windows(lambda: fl.Headerless(rpm=150, hint=hint), 200, 150, 150, 60, lead_s=2.0)
+    return replace(case, unseen=True)
 
 
 CASES: dict[str, Case] = {
@@ -320,13 +333,9 @@ UNDER_TARGET: dict[tuple[str, str], str] = {
     ("d-groq", "configured"): "told 300 under the reported (daily) 14,400: paced, 20/315 in 4 s",
     ("f-four-slots", "learned"): "auto ramps from one: 21 of 40 in 2.9 s (0.70)",
     ("f-retry-after", "configured"): _TOLD_NO_HEADERS,
-    ("f-retry-after", "learned"): "429s 21 of 221 (9.5%) as the minute runs out; 0.94",
     ("f-retry-after-whole", "configured"): _TOLD_NO_HEADERS,
-    ("f-retry-after-whole", "learned"): "429s 16 of 216 (7.4%); 0.82",
     ("f-llm-provider", "configured"): _TOLD_NO_HEADERS,
-    ("f-llm-provider", "learned"): "waits the 60 s asked after 16 429s: 150 of 200 in 3 s",
     ("f-no-hint", "configured"): _TOLD_NO_HEADERS,
-    ("f-no-hint", "learned"): "429s 33 of 183 (18%): 150 of 200 in 3 s",
 }
 
 # Under target in some runs only, so not strict (an unexpected pass would be a flaky failure):
@@ -337,6 +346,14 @@ INTERMITTENT: dict[tuple[str, str], str] = {
     ("b-per-second", "learned"): "0.85-0.95; under a loaded suite 0.849 once (auto's ramp)",
     ("g-other-client", "configured"): "some runs: 2 429'd jobs not retried before the cut",
     ("g-other-client", "learned"): "some runs: 7 429s of 622 (1.1%) beside the other client",
+    # Headerless, learned (aiq.refusal_limit): no 429 after the first round in 12 runs, but
+    # the turn is found at 0.67-0.78 in some: a whole-second retry-after is up to a second
+    # late, and a guessed turn is probed 1 s after the first 429, which in a fast ramp comes
+    # before the mode's (shifted) minute turns, and the next probe 2 s later.
+    ("f-retry-after", "learned"): "3 of 4 runs; one: 2 jobs 429'd left at the cut (0.67)",
+    ("f-retry-after-whole", "learned"): "the whole second rounded up: 0.75-0.95",
+    ("f-llm-provider", "learned"): "the turn probed 1 s after the first 429: 0.67-0.9",
+    ("f-no-hint", "learned"): "the turn probed 1 s after the first 429: 0.67-0.9",
 }
 
 
@@ -421,7 +438,16 @@ def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) ->
     assert case.over(run) is None, f"{case.over(run)}; {said}"
     finished = run.returncode == 0 and run.done == run.jobs
     assert finished, said
-    assert run.refused <= SHARE_429 * len(run.posts), said
+    if case.unseen and not run.told:
+        # The server says nothing before its first 429: the requests in flight by the time
+        # aiq has it are refused with it (that round: one latency and aiq's own time to
+        # read it). After that, 1% as everywhere, or the probes of a guessed turn.
+        later = run.refused_after(case.latency_s + FIRST_ROUND_S)
+        said += f", {later} of the 429s after the first round"
+        assert run.refused - later <= run.max_in_flight, said
+        assert later <= max(PROBES, SHARE_429 * len(run.posts)), said
+    else:
+        assert run.refused <= SHARE_429 * len(run.posts), said
     if least == 0:  # all at once: one latency and aiq's own time to open them
         assert wall <= AT_ONCE_S, said
     else:

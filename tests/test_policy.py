@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aiq import backoff
-from aiq.providers.base import classify_status, retry_after_s
+from aiq.providers.base import classify_status, retry_after_s, retry_after_upper
 
 
 @given(
@@ -69,6 +69,21 @@ def test_backoff_rejects_attempt_zero() -> None:
 def test_retry_after_forms(headers: dict[str, str], message: str, expected: float | None) -> None:
     got = retry_after_s(httpx.Headers(headers), message)
     assert got == (None if expected is None else pytest.approx(expected))
+
+
+@pytest.mark.parametrize(
+    ("headers", "upper"),
+    [
+        ({"llm_provider-retry-after": "60"}, True),  # LiteLLM's router: it counts calendar minutes
+        ({"retry-after": "soon", "llm_provider-retry-after": "60"}, True),
+        ({"retry-after": "3", "llm_provider-retry-after": "60"}, False),  # the standard is read
+        ({"retry-after-ms": "250", "llm_provider-retry-after": "60"}, False),
+        ({"retry-after": "52.905443"}, False),
+        ({}, False),
+    ],
+)
+def test_only_litellm_routers_delay_is_a_bound(headers: dict[str, str], upper: bool) -> None:
+    assert retry_after_upper(httpx.Headers(headers)) is upper
 
 
 @given(ms=st.integers(0, 10**9))

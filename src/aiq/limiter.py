@@ -19,8 +19,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from .budget import HEADROOM, WINDOW_S, Budget, RequestTooLarge, _Entry
+from .budget import CALENDAR_MARGIN_S, HEADROOM, WINDOW_S, Budget, RequestTooLarge, _Entry
 from .ratelimit_headers import RateLimitInfo
+from .refusal_limit import PROBE_WAIT_S, RefusalLimit
 
 __all__ = ["HEADROOM", "WINDOW_S", "Budget", "Limiters", "RateLimiter", "RequestTooLarge", "Ticket"]
 
@@ -39,6 +40,8 @@ class Ticket:
     request: _Entry | None = None
     tokens: _Entry | None = None
     cost: float = 0.0
+    sent_at: float = 0.0  # when it may go (the limiter's clock)
+    window: _Entry | None = None  # its place in a limit learned from 429s
 
 
 @dataclass(slots=True)
@@ -92,6 +95,8 @@ class RateLimiter:
         # reply says the limit is lower than the one configured).
         self._generation = 0
         self._waiters: set[asyncio.Future[None]] = set()  # woken when it moves
+        # A server that reports no limit: what its 429s teach.
+        self._refusal = RefusalLimit(headroom=headroom)
         self.learned: bool = False  # whether any limit came from the provider's headers
 
     @property
@@ -102,12 +107,17 @@ class RateLimiter:
     @property
     def bursting(self) -> bool:
         """Whether the provider's headers say some of its window may go at once."""
+        if self._refusal.limit is not None and self._refusal.paced is None:
+            return True  # a fixed window's count at its start
         return any(b is not None and b.burst for b in (self._requests, self._tokens))
 
     def burst_size(self) -> float:
         """How many requests the provider's window lets go at once now (0: paced)."""
         if self._requests is not None and self._requests.burst:
             return self._requests.burst_size
+        refusal = self._refusal
+        if refusal.limit is not None and refusal.paced is None:
+            return refusal.limit
         tokens = self._tokens
         if tokens is not None and tokens.burst and self._avg_cost.samples:
             return tokens.burst_size / max(1.0, self._avg_cost.ratio)
@@ -115,14 +125,17 @@ class RateLimiter:
 
     @property
     def limits(self) -> Limits:
+        rpm = self._requests.per_minute if self._requests else self._refusal.per_minute
         return Limits(
-            self._requests.per_minute if self._requests else None,
+            rpm,
             self._tokens.per_minute if self._tokens else None,
         )
 
     def requests_per_s(self) -> float | None:
         """The pace the limits allow, in requests per second (None if unlimited)."""
         rates = []
+        if (learned := self._refusal.per_minute) is not None:
+            rates.append(learned * self._headroom / 60.0)
         if self._requests is not None:
             rates.append(self._requests.per_minute * self._headroom / 60.0)
         if self._tokens is not None and self._avg_cost.samples:
@@ -136,9 +149,18 @@ class RateLimiter:
     def ticket_now(self) -> Ticket | None:
         """A ticket without waiting when nothing paces requests (no limit known, no pause),
         else None: then ``acquire``. No coroutine for the common case without limits."""
-        if self._requests is None and self._tokens is None and self._paused_until <= self._clock():
-            return Ticket(0, 0, self)
+        now = self._clock()
+        if self._unlimited(now):
+            return Ticket(0, 0, self, sent_at=now)
         return None
+
+    def _unlimited(self, now: float) -> bool:
+        return (
+            self._requests is None
+            and self._tokens is None
+            and self._refusal.limit is None
+            and self._paused_until <= now
+        )
 
     async def acquire(self, prompt_tokens: int = 0, reserved: int = 0) -> Ticket:
         """Wait until one request fits every budget; returns its ticket.
@@ -146,15 +168,20 @@ class RateLimiter:
         Raises RequestTooLarge when its token cost exceeds the whole tokens-per-minute limit.
         """
         ticket = Ticket(prompt_tokens, reserved, self)
-        if self._requests is None and self._tokens is None and self._paused_until <= self._clock():
+        if self._unlimited(now := self._clock()):
+            ticket.sent_at = now
             return ticket  # nothing to pace (yet): the common case without limits
         while True:
             now = self._clock()
             at = self._book(ticket, now)
             generation = self._generation
+            if at == math.inf:  # a probe is out (a limit learned from 429s): nothing booked
+                await self._wait(PROBE_WAIT_S, generation)
+                continue
             if at > now:
                 await self._wait(at - now, generation)
             if self._paused_until <= at and self._generation == generation:
+                ticket.sent_at = at
                 return ticket
             # A pause began while this request waited for its slot, or a lower limit was
             # learned: give the slot back and book again, so the pause is kept and its end is
@@ -175,7 +202,7 @@ class RateLimiter:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         try:
-            async with asyncio.timeout(seconds):
+            async with asyncio.timeout(None if seconds == math.inf else seconds):
                 await waiter
         except TimeoutError:
             pass
@@ -203,6 +230,8 @@ class RateLimiter:
         at = self._ready_at(max(now, self._paused_until), cost)
         if at - now <= after_s:
             return None
+        if at == math.inf:
+            return PROBE_WAIT_S  # a probe is out: ask again after a while
         at = max(at, self._deferred_until)
         pace = self._requests.pace_s(1) if self._requests is not None else 0.0
         if self._tokens is not None and cost:
@@ -213,6 +242,8 @@ class RateLimiter:
     def _ready_at(self, at: float, cost: float) -> float:
         """The first time from ``at`` that one request of ``cost`` tokens fits every budget."""
         requests, tokens = self._requests, self._tokens
+        if self._refusal.limit is not None:
+            at = self._refusal.ready_at(at)
         if requests is not None:
             at = requests.ready_at(at, 1)
         if tokens is not None and cost:
@@ -224,6 +255,10 @@ class RateLimiter:
     def _book(self, ticket: Ticket, now: float) -> float:
         cost = ticket.prompt_estimate * self._prompt.ratio + ticket.reserved
         at = self._ready_at(max(now, self._paused_until), cost)
+        if at == math.inf:
+            return at
+        if self._refusal.limit is not None:
+            ticket.window = self._refusal.book(at)
         if self._requests is not None:
             ticket.request = self._requests.book(at, 1)
         if self._tokens is not None and cost:
@@ -240,16 +275,33 @@ class RateLimiter:
             self._requests.forget(ticket.request)
         if ticket.tokens is not None and self._tokens is not None:
             self._tokens.forget(ticket.tokens)
-        ticket.request = ticket.tokens = None
+        if ticket.window is not None:
+            self._refusal.forget(ticket.window)
+        ticket.request = ticket.tokens = ticket.window = None
 
     def settle(self, ticket: Ticket, prompt_tokens: int) -> None:
-        """The reply's usage says the prompt was ``prompt_tokens``: correct the booking."""
+        """The request got through, its prompt ``prompt_tokens`` long by the reply's usage:
+        correct the booking."""
+        self.answered(ticket)
         if prompt_tokens > 0 and self._tokens is not None:
             self._prompt.update(ticket.prompt_estimate, prompt_tokens)
             actual = prompt_tokens + ticket.reserved
             self._avg_cost.update(1, actual)
             if ticket.tokens is not None and self._tokens is not None:
                 self._tokens.settle(ticket.tokens, actual)
+
+    def answered(self, ticket: Ticket, *, through: bool = True) -> None:
+        """The request got an answer other than a 429 (``through``: from the server, which
+        counted it), or none at all."""
+        if self._requests is not None:
+            return  # a limit the provider reports: its 429s teach nothing more
+        if through:
+            # What got through is what a 429 would teach.
+            if self._refusal.got_through(ticket.sent_at, self._clock()):
+                self._rebook()  # a probe: the window turned, the senders held may go
+        elif ticket.window is not None:
+            self._refusal.forget(ticket.window)  # a probe lost: another may go
+            ticket.window = None
 
     def observe(self, info: RateLimitInfo | None, ticket: Ticket | None = None) -> None:
         """Follow the provider's rate-limit headers from the reply (or error) to ``ticket``
@@ -283,12 +335,38 @@ class RateLimiter:
                     budget.drop_ahead(now)
             self._rebook()
 
-    def rate_limited(self) -> None:
-        """The provider answered 429: no more bursts in this run, only the pace."""
+    def rate_limited(
+        self, retry_after_s: float | None = None, *, upper_bound: bool = False
+    ) -> float | None:
+        """The provider answered 429, asking to wait ``retry_after_s`` (None: no hint);
+        returns how long to wait as far as its window goes (None: no hint to go by).
+
+        No more bursts in this run, only the pace. A server that reports no limit has just
+        shown one: what got through in its window (:mod:`aiq.refusal_limit`), the window
+        turning when the hint says, or with none, at the clock's next minute. A hint that is
+        only an upper bound (LiteLLM's router asks for 60 s, but counts calendar minutes)
+        is cut to that minute's turn.
+        """
         now = self._clock()
         for budget in (self._requests, self._tokens):
             if budget is not None:
                 budget.stop_bursting(now)
+        if self._requests is not None:
+            return retry_after_s
+        minute_s = WINDOW_S - self._wall() % WINDOW_S + CALENDAR_MARGIN_S
+        exact = retry_after_s is not None and not upper_bound
+        ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
+        refusal = self._refusal
+        refusal.refused(now, now + ends_in, exact=exact)
+        if refusal.limit is not None:
+            self._rebook()  # senders let go, or held for a probe, book again
+        # A turn guessed at: wait for the next probe, no longer (the probes are the backoff).
+        probe_in_s = max(0.0, refusal.probe_at - now)
+        if retry_after_s is not None and upper_bound:
+            retry_after_s = min(retry_after_s, minute_s, probe_in_s)
+        elif retry_after_s is None and probe_in_s < math.inf:
+            retry_after_s = probe_in_s
+        return retry_after_s
 
     def wait_s(self) -> float:
         """Seconds until the next request booked for later goes, or with none booked, until

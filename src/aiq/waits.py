@@ -98,16 +98,22 @@ def waiting_text(
         slowest.wait_s >= NOTICEABLE_S or (slowest.wait_s > 0 and not in_flight)
     ):
         which = f"{slowest.model}: " if len(models) > 1 and slowest.model else ""
-        return (
-            f"waiting for the rate limit ({which}{_described(slowest, ', ')}) "
+        until = (
             f"until {_clock(now + slowest.wait_s)}"
+            if slowest.wait_s < _FAR_S
+            else "until one request sent alone gets through"
         )
+        return f"waiting for the rate limit ({which}{_described(slowest, ', ')}) {until}"
     if not in_flight and retry_in_s is not None and retry_in_s > 0:
         return (
             f"waiting for a backoff: retries not due yet, the next at "
             f"{_clock(now + retry_in_s)} ({duration_text(retry_in_s)})"
         )
     return None
+
+
+# A wait longer than this has no time to show: a probe is out (a limit learned from 429s).
+_FAR_S = 10 * 365 * 86400.0
 
 
 def _clock(t: float) -> str:

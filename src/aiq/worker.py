@@ -614,9 +614,13 @@ class Worker:
         limiter = ticket.limiter
         limiter.observe(err.limits, ticket)
         rate_limited = err.error_type == "rate_limit"
+        retry_after_s = err.retry_after_s
         if rate_limited:
             limiter.refund(ticket)  # a 429 is not counted against the limits
-            limiter.rate_limited()  # and after a burst, it says to pace instead
+            # ...and says to pace instead of bursting, or shows a limit nobody reported.
+            retry_after_s = limiter.rate_limited(retry_after_s, upper_bound=err.retry_after_upper)
+        else:
+            limiter.answered(ticket, through=err.status_code is not None)
             if self._auto is not None and self._auto.refused(self.progress.in_flight):
                 self._resized()
         outage_like = err.error_type in OUTAGE_ERRORS
@@ -658,12 +662,12 @@ class Worker:
             max(1, out.attempts, rounds),
             base_s=self._retry.base_s,
             cap_s=self._retry.cap_s,
-            retry_after_s=err.retry_after_s,
+            retry_after_s=retry_after_s,
         )
-        if err.retry_after_s is not None or rate_limited:
+        if retry_after_s is not None or rate_limited:
             # The server's pace holds for every request, not just this one: pause all senders
             # (for as long as it said, or for the streak's backoff if it named no time).
-            pause_s = err.retry_after_s if err.retry_after_s is not None else wait_s
+            pause_s = retry_after_s if retry_after_s is not None else wait_s
             limiter.pause(pause_s)
             if rate_limited:
                 self._refusals.pausing(pause_s)

@@ -90,6 +90,7 @@ class ProviderError(Exception):
         retryable: bool = False,
         fatal: bool = False,
         retry_after_s: float | None = None,
+        retry_after_upper: bool = False,
         limits: RateLimitInfo | None = None,
         unreachable: bool = False,
     ) -> None:
@@ -100,6 +101,9 @@ class ProviderError(Exception):
         self.retryable = retryable
         self.fatal = fatal
         self.retry_after_s = retry_after_s
+        # The delay is a bound, not the window's turn (LiteLLM's router's 60 s): see
+        # RateLimiter.rate_limited.
+        self.retry_after_upper = retry_after_upper
         self.limits = limits
         # The request never reached a server: refused, unknown host, connect timeout.
         self.unreachable = unreachable
@@ -164,6 +168,7 @@ def error_from(
         retryable=retryable,
         fatal=fatal,
         retry_after_s=retry_after_s(resp.headers, message),
+        retry_after_upper=retry_after_upper(resp.headers),
         limits=read_rate_limits(resp.headers),
     )
 
@@ -320,6 +325,21 @@ def retry_after_s(headers: httpx.Headers, message: str = "") -> float | None:
         seconds = float(m.group(1))
         return seconds / 1000.0 if m.group(2).lower() == "ms" else seconds
     return None
+
+
+def retry_after_upper(headers: httpx.Headers) -> bool:
+    """Whether the delay :func:`retry_after_s` reads is LiteLLM's router's
+    ``llm_provider-retry-after``: a fixed 60 s, where its count restarts at the next calendar
+    minute, so a bound rather than the window's turn."""
+    if "llm_provider-retry-after" not in headers:
+        return False
+    try:
+        float(headers.get("retry-after-ms", ""))
+        return False
+    except ValueError:
+        pass
+    standard = headers.get("retry-after")
+    return standard is None or _seconds(standard, headers) is None
 
 
 def _seconds(value: str, headers: httpx.Headers) -> float | None:

@@ -1,0 +1,231 @@
+"""A request limit learned from 429s, for a server that reports none.
+
+Most gateways and self-hosted servers send no rate-limit headers (PROVIDERS.md): the first
+429 is all a client learns. What got through before 429s in a row is the server's limit (less any
+other client's share), and its window is the one the 429 names. So from then on aiq sends that
+many per window, each window's at its start, and none over: a fixed window's count is met
+with no further 429.
+
+- **A ``retry-after``** says when the window turns (LiteLLM's parallel limiter: the seconds
+  to the next minute); the next window's count goes then.
+- **No hint, or only a bound** (LiteLLM's router: ``llm_provider-retry-after: 60``, though
+  it counts calendar minutes): the window is taken to turn at the clock's next minute, but
+  that is a guess (the server's clock, or its count, may differ), so one request goes alone
+  first, a second after the 429, then two, four... seconds after each refused one, up to the
+  guessed turn, and the window's count only once one got through. No window's count is sent
+  into a window that has not turned.
+- **A 429 in a window kept under the count**: the server does not count fixed windows (a
+  sliding minute, a bucket, another client's share). From then on the run is paced at what
+  got through in the last minute, lowered at every further refusal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from .budget import Budget, _Entry
+
+SPAN_S = 60.0  # servers that report nothing still count per minute (LiteLLM's rpm)
+# Senders held while a probe is out look again this often (its answer wakes them sooner).
+PROBE_WAIT_S = 5.0
+# Paced (no fixed windows), the pace is raised by a fifth after this long with no 429 while
+# it holds the run back: a bucket refills faster than a burst into it showed.
+RAISE_EVERY_S = 10.0
+# 429s in a row (no request through between) that show a limit: a lone 429 now and then is
+# a busy server's (the simulated provider's 5%), not a window's count, and must not become one.
+IN_A_ROW = 3
+# A window guessed at is tried this long after the 429 before its guessed turn: a server
+# whose minute is not the clock's, or that refills sooner, is found then.
+CHECK_S = 1.0
+
+
+class RefusalLimit:
+    """Requests per window, learned from what got through before a 429."""
+
+    def __init__(self, *, headroom: float) -> None:
+        self._headroom = headroom
+        self._through: deque[float] = deque()  # send times of requests that got through
+        self.limit: float | None = None  # per window; None until a 429 teaches one
+        self._learned = (-math.inf, -math.inf)  # the window it was learned from: [start, end)
+        # Windows are [phase + k * SPAN_S, phase + (k + 1) * SPAN_S); what is booked in each
+        # (bookings given back leave any window, so senders booked again fill it again).
+        self._phase = 0.0
+        self._booked: dict[int, float] = {}
+        self._era = 0
+        self._confirmed = True  # windows after the learned one start where it ended
+        self._probe_at = math.inf  # not confirmed: when one request may go alone
+        self._probe_out = False
+        self._probes = 0  # refused since the 429 that began guessing
+        self.paced: Budget | None = None  # a server whose windows are not fixed: the pace
+        self._raised_at = -math.inf  # paced: the last 429 or raise
+        self._in_a_row = 0  # 429s since a request last got through
+
+    @property
+    def per_minute(self) -> float | None:
+        """The limit in force, per minute (None: none learned)."""
+        if self.paced is not None:
+            return self.paced.per_minute
+        return None if self.limit is None else self.limit * 60.0 / SPAN_S
+
+    def _index(self, at: float) -> int:
+        return math.floor((at - self._phase) / SPAN_S)
+
+    def _start_windows(self, end: float, booked: float) -> None:
+        """Windows from one ending at ``end``, which holds ``booked``."""
+        self._phase = end
+        self._booked = {-1: booked}
+        self._era += 1  # bookings made before count in none of these
+
+    def got_through(self, sent_at: float, now: float) -> bool:
+        """A request sent at ``sent_at`` got through. True if it was a probe: the window
+        has turned, and the senders held for it may go.
+
+        One sent in the window the limit was learned from was still in flight at its 429,
+        so the window allows it too."""
+        self._in_a_row = 0
+        through = self._through
+        through.append(sent_at)
+        while through[0] < now - 2 * SPAN_S:  # (answers come back nearly in send order)
+            through.popleft()
+        if self.paced is not None:
+            self._raise(now)
+            return False
+        if self.limit is None:
+            return False
+        if not self._confirmed and sent_at >= self._probe_at:
+            # The probe's window began by the time it went: the next begins a minute later.
+            self._confirmed, self._probe_out, self._probe_at = True, False, math.inf
+            self._learned = (self._learned[0], min(self._learned[1], sent_at))
+            self._start_windows(sent_at + SPAN_S, 1.0)
+            return True
+        start, end = self._learned
+        if start <= sent_at < end:
+            self.limit += 1
+            k = self._index(sent_at)
+            self._booked[k] = self._booked.get(k, 0.0) + 1
+        return False
+
+    def refused(self, now: float, window_end: float, *, exact: bool) -> None:
+        """A 429 at ``now``, from a window that turns at ``window_end``: as the server said
+        (``exact``), or as guessed."""
+        self._in_a_row += 1
+        if self.limit is None and self._in_a_row < IN_A_ROW:
+            return  # not yet a limit's
+        if self.paced is not None:
+            self._lower(now)
+            return
+        if not self._confirmed and now >= self._probe_at:
+            # The probe refused: the next twice as long after, or at the guessed turn, or
+            # past that, at the next guess.
+            self._probes += 1
+            turn = self._learned[1] if now < self._learned[1] else window_end
+            self._probe_out = False
+            self._probe_at = min(turn, now + CHECK_S * 2**self._probes)
+            return
+        if self.limit is not None and now < self._learned[1]:
+            return  # another of the round that taught the limit (they were in flight together)
+        if self.limit is not None and self._confirmed:
+            # Refused in a window whose turn is known. Kept under what the last one allowed:
+            # not fixed windows (the refused request's booking is given back already: one
+            # under is the count met, a little too high); nor if the count halved. Else the
+            # count is what got through.
+            k = self._index(now)
+            got = self._count(self._phase + k * SPAN_S)
+            if self._booked.get(k, 0.0) + 1 < self.limit or got < self.limit / 2:
+                self._pace(now)
+                return
+            self.limit = max(1.0, got)
+            self._booked[k] = self.limit
+            return
+        # (A guessed turn is a little late, its start too: from a second before.)
+        got = self._count(window_end - SPAN_S - (0.0 if exact else 1.0))
+        if got < 1:
+            if self.limit is None:
+                return  # nothing got through to learn from: the 429's own pause is all
+            got = self.limit  # a probe refused: the window had not turned
+        self.limit, self._learned = got, (window_end - SPAN_S, window_end)
+        self._start_windows(window_end, got)
+        self._confirmed = exact
+        self._probe_at = math.inf if exact else min(window_end, now + CHECK_S)
+        self._probe_out, self._probes = False, 0
+
+    @property
+    def probe_at(self) -> float:
+        """When the next probe goes (infinity: none is due, the window is known)."""
+        return math.inf if self._confirmed else self._probe_at
+
+    def _pace(self, now: float) -> None:
+        self.paced = Budget(max(1.0, self._count(now - SPAN_S)), headroom=self._headroom)
+        self.paced.stop_bursting(now)
+        self._raised_at = now
+
+    def _lower(self, now: float) -> None:
+        paced = self.paced
+        assert paced is not None
+        self._raised_at = now
+        got = self._count(now - SPAN_S)
+        if 1 <= got < paced.per_minute:
+            paced.set_limit(got)
+            paced.drop_ahead(now)
+
+    def _raise(self, now: float) -> None:
+        paced = self.paced
+        assert paced is not None
+        if now - self._raised_at < RAISE_EVERY_S:
+            return
+        # Only while the pace holds the run back: what went lately is near it.
+        lately = self._count(self._raised_at) * SPAN_S / (now - self._raised_at)
+        self._raised_at = now
+        if lately >= 0.8 * paced.per_minute:
+            paced.set_limit(paced.per_minute * 1.2)
+
+    def _count(self, since: float) -> float:
+        return float(sum(1 for at in self._through if at >= since))
+
+    def ready_at(self, at: float) -> float:
+        """The first time from ``at`` that one more request fits (infinity: none before a
+        probe is answered)."""
+        if self.paced is not None:
+            return self.paced.ready_at(at, 1.0)
+        if not self._confirmed:  # a window guessed at: one probe first
+            return math.inf if self._probe_out else max(at, self._probe_at)
+        limit = self.limit or math.inf
+        k = first = self._index(at)
+        while self._booked.get(k, 0.0) + 1 > limit:
+            k += 1
+        return at if k == first else self._phase + k * SPAN_S
+
+    def book(self, at: float) -> _Entry:
+        """Book one request at ``at`` (from :meth:`ready_at`)."""
+        if self.paced is not None:
+            return self.paced.book(at, 1.0)
+        if not self._confirmed:
+            self._probe_out = True
+            return _Entry(at, 1.0, _PROBE)
+        k = self._index(at)
+        booked = self._booked
+        booked[k] = booked.get(k, 0.0) + 1
+        if len(booked) > 8:  # windows long past
+            for old in [i for i in booked if i < k - 2]:
+                del booked[old]
+        return _Entry(at, 1.0, _WINDOW - self._era)
+
+    def forget(self, entry: _Entry) -> None:
+        """The booking was never sent, or the server did not count it (its 429)."""
+        if entry.cost:
+            if entry.mark == _PROBE:
+                self._probe_out = False
+            elif entry.mark == _WINDOW - self._era:
+                k = self._index(entry.at)
+                if self._booked.get(k, 0.0) >= 1:
+                    self._booked[k] -= 1
+            elif entry.mark >= 0 and self.paced is not None:  # booked in the pace
+                self.paced.forget(entry)
+        entry.cost = 0.0
+
+
+# Marks no pace's booking has (theirs are running totals, never negative): a probe's, and a
+# window's, less the windows' era it was booked in.
+_PROBE = -1.0
+_WINDOW = -10.0
