@@ -96,7 +96,7 @@ def run_cost(p: Progress) -> str:
         if p.unusable >= p.unpriced:
             return "cost unknown (the replies' usage was unusable)"
         return "cost unknown (no price for the model: add it under `prices:` in the config)"
-    more = f" + {p.unpriced:,} replies of unknown cost" if p.unpriced else ""
+    more = f" + {plural(p.unpriced, 'reply', 'replies')} of unknown cost" if p.unpriced else ""
     return f"cost {usd(p.cost_usd)}{more}"
 
 
@@ -120,9 +120,8 @@ def tokens_text(tokens_in: int, tokens_out: int, kinds: TokenKinds) -> str:
 def unusable_line(n: int) -> str:
     """The warning for replies whose usage aiq could not use."""
     return (
-        f"warning: {plural(n, 'reply', 'replies')} with unusable usage (missing, or not "
-        "counts: negative, fractional, text or null): their tokens and cost are unknown and "
-        "left out of every total; the replies are stored as sent"
+        f"warning: {plural(n, 'reply', 'replies')} with unusable usage (missing, or not whole "
+        "numbers 0 or more): tokens and cost unknown, left out of every total (stored as sent)"
     )
 
 
@@ -130,7 +129,7 @@ def cost_lines(s: Stats) -> list[str]:
     """Tokens and cost so far, in total and per model, for ``status``."""
     total = f"tokens {tokens_text(s.tokens_in, s.tokens_out, s.kinds)} · cost {usd(s.cost_usd)}"
     if s.unpriced:
-        total += f" (+ {s.unpriced:,} done jobs of unknown cost)"
+        total += f" (+ {plural(s.unpriced, 'done job')} of unknown cost)"
     lines = [total]
     for m in s.models:
         if m.unpriced < m.done:
