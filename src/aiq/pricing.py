@@ -69,6 +69,8 @@ class Price:
 
 # USD per 1M tokens, list prices as of PRICES_AS_OF from the providers' pricing pages; may be
 # outdated. OpenAI's: (input, output, cached input; None where the model has no prompt cache).
+# The cached-input column was checked against third-party copies of OpenAI's page (2026-12),
+# not the page itself: unverified.
 _OPENAI: dict[str, tuple[float, float, float | None]] = {
     "gpt-5": (1.25, 10.00, 0.125),
     "gpt-5-mini": (0.25, 2.00, 0.025),
