@@ -72,6 +72,25 @@ up: ``error_500_rate=0.05, reset_rate=0.02`` fails 7% of attempts. The draw hash
 request body and how often that body reached this point before, so a run is reproducible and a
 retried request gets a fresh draw.
 
+Usage, as the providers report it (the usage objects of OpenAI's Chat Completions and
+Responses API references and Anthropic's Messages API reference; ../shared/PROVIDERS.md):
+
+- ``cached_tokens``: this many of each prompt's tokens (at most all of them) were read from
+  OpenAI's prompt cache: ``usage.prompt_tokens_details.cached_tokens`` (Responses:
+  ``input_tokens_details``), still counted in ``prompt_tokens``, billed at the cached-input
+  price. (OpenAI caches prompts of 1,024 tokens or more, in steps of 128; a fixed figure keeps
+  a test's arithmetic plain.) Anthropic's prompt cache is emulated from ``cache_control``
+  marks instead (``fake_anthropic.account_cache``): ``cache_creation_input_tokens`` on the
+  first request with a marked prefix, ``cache_read_input_tokens`` after, both left out of
+  ``input_tokens``.
+- ``reasoning_tokens``: each chat, responses or Anthropic reply spent this many tokens
+  reasoning before its text: added to ``completion_tokens`` (``output_tokens``) and reported
+  in ``completion_tokens_details.reasoning_tokens`` (Responses: ``output_tokens_details``;
+  Anthropic: ``output_tokens_details.thinking_tokens``), billed as output, not in the text.
+- ``usage_patches``: ``{marker: {field: value}}``; a reply whose request text holds a marker
+  has those fields of its ``usage`` set to those values, whatever they are (a negative count,
+  a float, a string, null: a broken or hostile server; ``""`` marks every request).
+
 - ``latency_s``: seconds slept before answering (no sleep at all when 0, for throughput). Outages
   and rate-limit 429s are answered at once, as a gateway in front of the model would.
 - ``max_parallel``: serve that many requests at once and queue the rest, as a llama.cpp server
@@ -316,6 +335,26 @@ def message_reply(body: dict, prompt: str) -> dict:
     text = reply_text(prompt)
     prompt_tokens = _tokens(_all_text(anthropic.PATH, body))
     return anthropic.message_reply(body, prompt, text, prompt_tokens, _tokens(text))
+
+
+def _cache_and_reason(path: str, usage: dict, cached: int, reasoning: int) -> None:
+    """The ``cached_tokens`` and ``reasoning_tokens`` knobs, in each API's usage shape."""
+    responses = path.endswith("/responses")
+    if cached and path.endswith(("/chat/completions", "/completions", "/responses")):
+        whole = usage["input_tokens" if responses else "prompt_tokens"]
+        details = "input_tokens_details" if responses else "prompt_tokens_details"
+        usage[details] = {**usage.get(details, {}), "cached_tokens": min(cached, whole)}
+    if reasoning and path.endswith(("/chat/completions", "/responses", anthropic.PATH)):
+        out = "completion_tokens" if path.endswith("/chat/completions") else "output_tokens"
+        usage[out] += reasoning
+        if "total_tokens" in usage:
+            usage["total_tokens"] += reasoning
+        if path == anthropic.PATH:
+            usage["output_tokens_details"] = {"thinking_tokens": reasoning}
+        elif responses:
+            usage["output_tokens_details"] = {"reasoning_tokens": reasoning}
+        else:
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
 
 
 _BUILDERS = {
@@ -587,6 +626,9 @@ class FakeServer:
         max_parallel: int | None = None,
         limit_mode: fake_limits.Mode | None = None,
         limit_clock: Callable[[], float] = time.time,
+        cached_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        usage_patches: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.reject_marker = reject_marker
         self.transient_rate = transient_rate
@@ -611,6 +653,9 @@ class FakeServer:
         self.max_parallel = max_parallel
         self.limit_mode = limit_mode
         self.limit_clock = limit_clock
+        self.cached_tokens = cached_tokens
+        self.reasoning_tokens = reasoning_tokens
+        self.usage_patches = usage_patches or {}
         self.max_in_flight = 0
         self._in_flight = 0
         self._check_knobs()
@@ -836,6 +881,13 @@ class FakeServer:
         payload = _BUILDERS[path](body, prompt)
         if path == anthropic.PATH:
             anthropic.account_cache(payload, body, self._cached, _tokens)
+        usage = payload.get("usage")
+        if isinstance(usage, dict):
+            _cache_and_reason(path, usage, self.cached_tokens, self.reasoning_tokens)
+            text = _all_text(path, body)
+            for marker, fields in self.usage_patches.items():
+                if marker in text:
+                    usage.update(fields)
         if self.limit_mode is not None:
             self.limit_mode.settle(self.limit_clock(), payload.get("usage") or {})
         return payload

@@ -15,6 +15,7 @@ from aiq.inputs import Defaults
 from aiq.records import DEAD, DONE, QUEUED, STATE_NAMES, Outcome, Stats
 from aiq.requestfile import read_requests
 from aiq.store import JobStore
+from aiq.usage import Usage
 
 NOW = 2_000_000.0
 MODELS = ["a", "b", None]
@@ -46,8 +47,10 @@ async def _plain(store: JobStore, now: float, since: float | None) -> dict[str, 
     )
     models = await rows(
         "SELECT model, count(*), coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0), "
-        "sum(cost_usd), count(*) - count(cost_usd) FROM jobs WHERE state = ? "
-        "GROUP BY model ORDER BY model",
+        "sum(cost_usd), count(*) - count(cost_usd), count(*) - count(tokens_in), "
+        "coalesce(sum(tokens_cached), 0), coalesce(sum(tokens_cache_write), 0), "
+        "coalesce(sum(tokens_cache_read), 0), coalesce(sum(tokens_reasoning), 0) "
+        "FROM jobs WHERE state = ? GROUP BY model ORDER BY model",
         DONE,
     )
     return {
@@ -71,7 +74,20 @@ def _figures(s: Stats) -> dict[str, Any]:
         "oldest": s.oldest_queued_s,
         "errors": s.top_errors,
         "models": [
-            (m.model, m.done, m.tokens_in, m.tokens_out, m.cost_usd, m.unpriced) for m in s.models
+            (
+                m.model,
+                m.done,
+                m.tokens_in,
+                m.tokens_out,
+                m.cost_usd,
+                m.unpriced,
+                m.unusable,
+                m.kinds.cached,
+                m.kinds.cache_write,
+                m.kinds.cache_read,
+                m.kinds.reasoning,
+            )
+            for m in s.models
         ],
     }
 
@@ -101,9 +117,22 @@ def test_stats_agree_with_a_plain_query_for_each_figure(
         started = NOW - rng.uniform(0, 200)
         if kind == "done":
             cost = rng.choice([None, rng.uniform(0, 0.01)])
+            parts = [rng.randint(0, 10) for _ in range(4)]
+            usage = rng.choice(
+                [
+                    None,
+                    Usage(
+                        sum(parts[:3]) + rng.randint(0, 50),
+                        parts[3] + rng.randint(0, 50),
+                        *parts[:3],
+                        reasoning=parts[3],
+                    ),
+                ]
+            )  # None: unusable
+            cost = None if usage is None else cost
             return Outcome(job_id, DONE, 1, started_at=started, finished_at=started + 1,
-                           tokens_in=rng.randint(0, 50), tokens_out=rng.randint(0, 50),
-                           model=rng.choice(MODELS), cost_usd=cost, response=b"{}")  # fmt: skip
+                           usage=usage, model=rng.choice(MODELS), cost_usd=cost,
+                           response=b"{}")  # fmt: skip
         if kind in ("dead", "retry"):
             dead = kind == "dead"
             return Outcome(job_id, DEAD if dead else QUEUED, 2, started_at=started,
@@ -142,7 +171,7 @@ def test_stats_agree_with_a_plain_query_for_each_figure(
     assert got["errors"] == want["errors"]
     assert len(got["models"]) == len(want["models"])
     for g, w in zip(got["models"], want["models"], strict=True):
-        assert g[:4] == w[:4] and g[5] == w[5]
+        assert g[:4] == w[:4] and g[5:] == w[5:]
         assert (g[4] is None) == (w[4] is None)
         if g[4] is not None:
             assert abs(g[4] - w[4]) < 1e-12

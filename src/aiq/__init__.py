@@ -38,6 +38,7 @@ from .runner import (
     store_status,
 )
 from .store import JobStore
+from .usage import Usage
 from .worker import Progress, RetryPolicy, Worker
 
 __version__ = "0.1.0"
@@ -78,6 +79,7 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "Target",
+    "Usage",
     "UsageError",
     "Worker",
     "__version__",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from . import tokens
 from .pricing import Price, price_for
+from .usage import Usage
 
 
 @dataclass(slots=True)
@@ -89,19 +90,22 @@ class CostMeter:
         self._held_usd += charge.estimate_usd
         return True
 
-    def settle(
-        self, charge: Charge, tokens_in: int, tokens_out: int, billed_in: float | None = None
-    ) -> float | None:
-        """A reply came: its cost (None without a price), now counted as spent. ``billed_in``:
-        the prompt in tokens at the input price, if not all of it is (``Reply.billed_in``)."""
+    def settle(self, charge: Charge, usage: Usage | None) -> float | None:
+        """A reply came: its cost, now counted as spent. None: no price for its model, or its
+        usage was missing or unusable (``Reply.usage``). Such a reply's cost is unknown, but
+        not nothing: under a cap its estimate is counted as spent instead, so a reply that
+        claims to have cost less (or nothing) never makes room for more."""
         self.release(charge)
+        if usage is None:
+            self.spent_usd += charge.estimate_usd
+            return None
         self._est_in += charge.prompt_tokens
-        self._real_in += tokens_in if charge.prompt_tokens else 0
+        self._real_in += usage.tokens_in if charge.prompt_tokens else 0
         self._replies += 1
-        self._real_out += tokens_out
+        self._real_out += usage.tokens_out
         if charge.price is None:
             return None
-        cost = charge.price.cost_usd(tokens_in if billed_in is None else billed_in, tokens_out)
+        cost = charge.price.usage_cost_usd(usage)
         self.spent_usd += cost
         return cost
 

@@ -43,6 +43,17 @@ def render(p: Progress, clock: RunClock, stats: Stats | None = None) -> str:
         "# TYPE aiq_tokens_total counter",
         f'aiq_tokens_total{{direction="in"}} {p.tokens_in}',
         f'aiq_tokens_total{{direction="out"}} {p.tokens_out}',
+        "# HELP aiq_tokens_part_total Parts of aiq_tokens_total priced or hidden apart: "
+        "cached input (OpenAI), cache writes and reads (Anthropic), reasoning.",
+        "# TYPE aiq_tokens_part_total counter",
+        f'aiq_tokens_part_total{{direction="in",kind="cached"}} {p.kinds.cached}',
+        f'aiq_tokens_part_total{{direction="in",kind="cache_write"}} {p.kinds.cache_write}',
+        f'aiq_tokens_part_total{{direction="in",kind="cache_read"}} {p.kinds.cache_read}',
+        f'aiq_tokens_part_total{{direction="out",kind="reasoning"}} {p.kinds.reasoning}',
+        "# HELP aiq_replies_unusable_usage_total Replies of this run whose usage was missing "
+        "or not counts: their tokens and cost are unknown, in no total.",
+        "# TYPE aiq_replies_unusable_usage_total counter",
+        f"aiq_replies_unusable_usage_total {p.unusable}",
         "# HELP aiq_cost_usd_total USD spent by this run (replies of models with a price).",
         "# TYPE aiq_cost_usd_total counter",
         f"aiq_cost_usd_total {p.cost_usd:.9f}",

@@ -146,4 +146,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE jobs ADD COLUMN timeouts INTEGER NOT NULL DEFAULT 0;
         """,
     ),
+    (
+        # A reply's tokens by kind (aiq.usage), each part of tokens_in or tokens_out: OpenAI's
+        # cached input, Anthropic's cache writes and reads, reasoning. NULL in a job done
+        # before this migration: none known. A done job whose tokens_in is NULL had a reply
+        # with unusable usage (not counts): its tokens and cost are unknown.
+        "0007_token_kinds",
+        """
+        ALTER TABLE jobs ADD COLUMN tokens_cached INTEGER;
+        ALTER TABLE jobs ADD COLUMN tokens_cache_write INTEGER;
+        ALTER TABLE jobs ADD COLUMN tokens_cache_read INTEGER;
+        ALTER TABLE jobs ADD COLUMN tokens_reasoning INTEGER;
+        """,
+    ),
 ]

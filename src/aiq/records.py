@@ -9,6 +9,7 @@ from typing import Any
 
 from .errors import EMPTY_INPUT, SKIPPED_LINES
 from .inputs import BadLine
+from .usage import TokenKinds, Usage
 
 QUEUED, RUNNING, DONE, DEAD = 0, 1, 2, 3
 STATE_NAMES = ("queued", "running", "done", "dead")
@@ -102,12 +103,21 @@ class Outcome:
     error_message: str | None = None
     request_id: str | None = None
     response: bytes | None = None
-    tokens_in: int | None = None
-    tokens_out: int | None = None
+    # A reply's usage by kind; None: no reply, or (done) its usage was missing or unusable,
+    # and its tokens are stored as NULL, unknown.
+    usage: Usage | None = None
     latency_s: float | None = None
     model: str | None = None  # as the body named it; for cost per model
-    cost_usd: float | None = None  # None: the model has no price
+    cost_usd: float | None = None  # None: the model has no price, or the usage is unusable
     timed_out: bool = False  # no reply in time: the provider may still bill the call
+
+    @property
+    def tokens_in(self) -> int | None:
+        return None if self.usage is None else self.usage.tokens_in
+
+    @property
+    def tokens_out(self) -> int | None:
+        return None if self.usage is None else self.usage.tokens_out
 
 
 @dataclass(slots=True)
@@ -157,7 +167,9 @@ class ModelUsage:
     tokens_in: int
     tokens_out: int
     cost_usd: float | None  # of the priced jobs; None when none was priced
-    unpriced: int  # done jobs whose cost is unknown (no price for the model when done)
+    unpriced: int  # done jobs whose cost is unknown (no price when done, or unusable usage)
+    unusable: int = 0  # of those, replies whose usage was missing or not counts
+    kinds: TokenKinds = field(default_factory=TokenKinds)  # cached and reasoning parts
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -165,8 +177,10 @@ class ModelUsage:
             "done": self.done,
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
+            **self.kinds.as_dict(),
             "cost_usd": self.cost_usd,
             "unpriced": self.unpriced,
+            "unusable_usage": self.unusable,
         }
 
 
@@ -222,6 +236,7 @@ class Stats:
     in_flight: int = 0  # running jobs whose request has gone out; the rest are only claimed
     timeouts: int = 0  # calls that got no reply in time, in all runs: each may be billed
     run: RunState | None = None  # None: not looked at (inside a run, which is the one)
+    kinds: TokenKinds = field(default_factory=TokenKinds)  # of the tokens, cached and reasoning
 
     @property
     def cost_usd(self) -> float | None:
@@ -233,6 +248,11 @@ class Stats:
     def unpriced(self) -> int:
         """Done jobs whose cost is unknown, left out of ``cost_usd``."""
         return sum(m.unpriced for m in self.models)
+
+    @property
+    def unusable(self) -> int:
+        """Done jobs whose reply's usage was missing or not counts: tokens and cost unknown."""
+        return sum(m.unusable for m in self.models)
 
     @property
     def active(self) -> bool:
@@ -286,11 +306,13 @@ class Stats:
             "run": None if self.run is None else self.run.as_dict(),
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
+            **self.kinds.as_dict(),
             "oldest_queued_s": self.oldest_queued_s,
             "not_due": self.not_due,
             "top_errors": [{"type": t, "count": n} for t, n in self.top_errors],
             "timeouts": self.timeouts,
             "cost_usd": self.cost_usd,
             "unpriced": self.unpriced,
+            "unusable_usage": self.unusable,
             "models": [m.as_dict() for m in self.models],
         }

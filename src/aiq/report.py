@@ -12,6 +12,7 @@ from .outputs import Export
 from .pricing import PRICES_AS_OF
 from .progress import fmt_duration
 from .records import EnqueueCounts, Replayed, Stats
+from .usage import TokenKinds
 from .worker import Progress
 
 if TYPE_CHECKING:
@@ -89,25 +90,60 @@ def _eta_line(f: Forecast) -> str:
 
 
 def run_cost(p: Progress) -> str:
-    """``cost $0.0123``, saying how many replies it leaves out for want of a price."""
+    """``cost $0.0123``, saying how many replies it leaves out for want of a price or of a
+    usable usage."""
     if p.unpriced and p.unpriced >= p.done_now:
+        if p.unusable >= p.unpriced:
+            return "cost unknown (the replies' usage was unusable)"
         return "cost unknown (no price for the model: add it under `prices:` in the config)"
-    more = f" + {p.unpriced:,} replies of unknown cost" if p.unpriced else ""
+    more = f" + {plural(p.unpriced, 'reply', 'replies')} of unknown cost" if p.unpriced else ""
     return f"cost {usd(p.cost_usd)}{more}"
+
+
+def tokens_text(tokens_in: int, tokens_out: int, kinds: TokenKinds) -> str:
+    """``12,345 in (4,000 cached) / 678 out (300 reasoning)``: the parts priced or hidden
+    apart, where there are any."""
+    ins = [
+        f"{n:,} {what}"
+        for n, what in (
+            (kinds.cached, "cached"),
+            (kinds.cache_write, "cache writes"),
+            (kinds.cache_read, "cache reads"),
+        )
+        if n
+    ]
+    parts = " (" + ", ".join(ins) + ")" if ins else ""
+    text = f"{tokens_in:,} in{parts} / {tokens_out:,} out"
+    return text + (f" ({kinds.reasoning:,} reasoning)" if kinds.reasoning else "")
+
+
+def unusable_line(n: int) -> str:
+    """The warning for replies whose usage aiq could not use."""
+    return (
+        f"warning: {plural(n, 'reply', 'replies')} with unusable usage (missing, or not whole "
+        "numbers 0 or more): tokens and cost unknown, left out of every total (stored as sent)"
+    )
 
 
 def cost_lines(s: Stats) -> list[str]:
     """Tokens and cost so far, in total and per model, for ``status``."""
-    total = f"tokens {s.tokens_in:,} in / {s.tokens_out:,} out · cost {usd(s.cost_usd)}"
+    total = f"tokens {tokens_text(s.tokens_in, s.tokens_out, s.kinds)} · cost {usd(s.cost_usd)}"
     if s.unpriced:
-        total += f" (+ {s.unpriced:,} done jobs of unknown cost)"
+        total += f" (+ {plural(s.unpriced, 'done job')} of unknown cost)"
     lines = [total]
     for m in s.models:
-        cost = usd(m.cost_usd) if m.unpriced < m.done else "cost unknown (no price)"
+        if m.unpriced < m.done:
+            cost = usd(m.cost_usd)
+        elif m.unusable >= m.unpriced:
+            cost = "cost unknown (unusable usage)"
+        else:
+            cost = "cost unknown (no price)"
         lines.append(
-            f"  {m.model or '(none)'}: {m.done:,} done, {m.tokens_in:,} in / "
-            f"{m.tokens_out:,} out, {cost}"
+            f"  {m.model or '(none)'}: {m.done:,} done, "
+            f"{tokens_text(m.tokens_in, m.tokens_out, m.kinds)}, {cost}"
         )
+    if s.unusable:
+        lines.append(unusable_line(s.unusable))
     return lines
 
 
@@ -157,8 +193,10 @@ def run_summary_lines(s: RunSummary) -> list[str]:
     lines.append(
         f"finished {p.done_now:,} and dead-lettered {p.dead_now:,} in "
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {retries}, "
-        f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, {run_cost(p)}"
+        f"tokens {tokens_text(p.tokens_in, p.tokens_out, p.kinds)}, {run_cost(p)}"
     )
+    if p.unusable:
+        lines.append(unusable_line(p.unusable))
     if p.held_by:
         lines.append(
             f"in flight: at most {p.max_in_flight:,} at once, held back by {p.held_by} "
@@ -197,8 +235,10 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "timed_out": p.timeouts,
         "tokens_in": p.tokens_in,
         "tokens_out": p.tokens_out,
+        **p.kinds.as_dict(),
         "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
         "unpriced": p.unpriced,
+        "unusable_usage": p.unusable,
         "max_in_flight": p.max_in_flight,
         "held_by": p.held_by,
         "invalid_lines": None if s.added is None else s.added.invalid,

@@ -171,7 +171,11 @@ SETTINGS: dict[str, tuple[Check, str]] = {
     "max_runtime_s": (_optional(_number(0, above=True)), _SECONDS),
     "max_cost_usd": (_optional(_number(0, above=True)), "a number of US dollars above 0"),
     "model_limits": (_model_limits, "{model: {rpm: N, tpm: N}, ...}"),
-    "prices": (_prices, "{model: {input: USD per 1M tokens, output: USD per 1M tokens}, ...}"),
+    "prices": (
+        _prices,
+        "{model: {input: USD per 1M tokens, output: USD per 1M tokens}, ...}, each with "
+        "cached_input, cache_write, cache_read if you like",
+    ),
     "metrics_file": (_optional(_text()), "the path of a file to write metrics to"),
     "order": (_one_of("done", "input"), "done | input"),
     "strict": (_yes_no, "true or false"),

@@ -11,6 +11,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -39,6 +40,7 @@ from .records import (
     Target,
 )
 from .requestfile import Prefix, RequestFile
+from .usage import TokenKinds, Usage
 
 _PRAGMAS = (
     "PRAGMA journal_mode = WAL",
@@ -601,16 +603,17 @@ class JobStore:
         """Write outcomes inside the caller's transaction."""
         rows = [
             (o.state, o.attempts, o.next_at, o.started_at, o.finished_at, o.status_code,
-             o.error_type, o.error_message, o.request_id, o.response, o.tokens_in,
-             o.tokens_out, o.latency_s, o.model, o.cost_usd, o.timed_out, o.job_id)
+             o.error_type, o.error_message, o.request_id, o.response, *_usage_row(o.usage),
+             o.latency_s, o.model, o.cost_usd, o.timed_out, o.job_id)
             for o in outcomes
         ]  # fmt: skip
         await self._db.executemany(
             "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, lease_until = NULL, "
             "first_attempt_at = coalesce(first_attempt_at, ?), finished_at = ?, "
             "status_code = ?, error_type = ?, error_message = ?, request_id = ?, "
-            "response = ?, tokens_in = ?, tokens_out = ?, latency_s = ?, model = ?, "
-            "cost_usd = ?, timeouts = timeouts + ? WHERE id = ?",
+            "response = ?, tokens_in = ?, tokens_out = ?, tokens_cached = ?, "
+            "tokens_cache_write = ?, tokens_cache_read = ?, tokens_reasoning = ?, "
+            "latency_s = ?, model = ?, cost_usd = ?, timeouts = timeouts + ? WHERE id = ?",
             rows,
         )
 
@@ -631,7 +634,9 @@ class JobStore:
             "SELECT state, model, error_type, count(*), coalesce(sum(tokens_in), 0), "
             "coalesce(sum(tokens_out), 0), sum(cost_usd), count(cost_usd), "
             "count(CASE WHEN finished_at > ? THEN 1 END), min(created_at), count(sent_at), "
-            "sum(timeouts) "
+            "sum(timeouts), count(tokens_in), coalesce(sum(tokens_cached), 0), "
+            "coalesce(sum(tokens_cache_write), 0), coalesce(sum(tokens_cache_read), 0), "
+            "coalesce(sum(tokens_reasoning), 0) "
             "FROM jobs NOT INDEXED GROUP BY state, model, error_type",
             (now - window_s,),
         )
@@ -640,28 +645,33 @@ class JobStore:
         )
         counts = dict.fromkeys(STATE_NAMES, 0)
         tokens_in = tokens_out = recent = in_flight = timeouts = 0
+        kinds = TokenKinds()
         oldest: float | None = None
         errors: dict[str, int] = {}
-        models: dict[str | None, list[Any]] = {}  # ModelUsage's fields after the model
+        models: dict[str | None, _ModelSums] = {}
         for row in rows:
-            state, model, error_type, n, t_in, t_out, cost, priced, n_recent, created, sent, cut = (
-                row
-            )
-            timeouts += cut
+            state, model, error_type, n, t_in, t_out, cost, priced, n_recent, created, sent = row[
+                :11
+            ]
+            timeouts += row[11]
             counts[STATE_NAMES[state]] += n
             if state == RUNNING:
                 in_flight += sent
             tokens_in += t_in
             tokens_out += t_out
+            row_kinds = TokenKinds(*row[13:17])
+            kinds.add(row_kinds)
             if state == DONE:
                 recent += n_recent
-                m = models.setdefault(model, [0, 0, 0, None, 0])
-                m[0] += n
-                m[1] += t_in
-                m[2] += t_out
+                m = models.setdefault(model, _ModelSums())
+                m.done += n
+                m.tokens_in += t_in
+                m.tokens_out += t_out
                 if cost is not None:  # None while no done job of the model had a price
-                    m[3] = (m[3] or 0.0) + cost
-                m[4] += n - priced
+                    m.cost_usd = (m.cost_usd or 0.0) + cost
+                m.unpriced += n - priced
+                m.unusable += n - row[12]  # a reply's tokens are NULL when it had no usage
+                m.kinds.add(row_kinds)
             elif error_type is not None:  # the last error of a job not done
                 errors[error_type] = errors.get(error_type, 0) + n
             if state == QUEUED:
@@ -677,10 +687,11 @@ class JobStore:
             oldest_queued_s=None if oldest is None else round(max(0.0, now - oldest), 1),
             top_errors=sorted(errors.items(), key=lambda e: (-e[1], e[0]))[:5],
             models=[  # in SQLite's order: no model first
-                ModelUsage(m, *models[m]) for m in sorted(models, key=lambda m: (m is not None, m))
+                models[m].usage(m) for m in sorted(models, key=lambda m: (m is not None, m))
             ],
             not_due=not_due,
             timeouts=timeouts,
+            kinds=kinds,
         )
 
     async def count_jobs(self) -> int:
@@ -837,6 +848,32 @@ def store_error(path: Path, exc: sqlite3.Error) -> StoreError:
         code = sqlite3.SQLITE_CORRUPT
     advice = _ADVICE.get(code, "run the command again with --traceback and report it")
     return StoreError(f"{path}: {exc}; {advice}")
+
+
+def _usage_row(u: Usage | None) -> tuple[int | None, ...]:
+    """The token columns of an outcome: NULL for no reply, or a reply with unusable usage."""
+    if u is None:
+        return (None,) * 6
+    return u.tokens_in, u.tokens_out, u.cached, u.cache_write, u.cache_read, u.reasoning
+
+
+@dataclass(slots=True)
+class _ModelSums:
+    """ModelUsage's figures while stats() adds them up."""
+
+    done: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float | None = None
+    unpriced: int = 0
+    unusable: int = 0
+    kinds: TokenKinds = field(default_factory=TokenKinds)
+
+    def usage(self, model: str | None) -> ModelUsage:
+        return ModelUsage(
+            model, self.done, self.tokens_in, self.tokens_out, self.cost_usd, self.unpriced,
+            unusable=self.unusable, kinds=self.kinds,
+        )  # fmt: skip
 
 
 def _statements(script: str) -> list[str]:

@@ -28,6 +28,7 @@ from .records import DEAD, DONE, QUEUED, Job, Outcome
 from .refusals import RefusalStreak
 from .store import JobStore
 from .timeouts import Timeouts
+from .usage import TokenKinds
 from .waits import ModelLimits, limits_text, waiting_text
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
@@ -79,8 +80,10 @@ class Progress:
     waiting: str | None = None  # what the run waits for, when it waits (aiq.waits)
     tokens_in: int = 0
     tokens_out: int = 0
+    kinds: TokenKinds = field(default_factory=TokenKinds)  # of the tokens, cached and reasoning
     cost_usd: float = 0.0  # of the replies with a price
-    unpriced: int = 0  # replies whose model has no price: their cost is unknown
+    unpriced: int = 0  # replies of unknown cost: no price for the model, or unusable usage
+    unusable: int = 0  # of those, replies whose usage was missing or not counts
     started_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -355,8 +358,12 @@ class Worker:
             if o.state == DONE:
                 p.done += 1
                 p.done_now += 1
-                p.tokens_in += o.tokens_in or 0
-                p.tokens_out += o.tokens_out or 0
+                if o.usage is None:
+                    p.unusable += 1  # never counted as 0 tokens, nor as less than that
+                else:
+                    p.tokens_in += o.usage.tokens_in
+                    p.tokens_out += o.usage.tokens_out
+                    p.kinds.add(o.usage)
                 if o.cost_usd is None:
                     p.unpriced += 1
                 else:
@@ -596,11 +603,10 @@ class Worker:
             status_code=reply.status_code,
             request_id=reply.request_id,
             response=reply.body,
-            tokens_in=reply.tokens_in,
-            tokens_out=reply.tokens_out,
+            usage=reply.usage,
             latency_s=finished - started,
             model=charge.model,
-            cost_usd=self.costs.settle(charge, reply.tokens_in, reply.tokens_out, reply.billed_in),
+            cost_usd=self.costs.settle(charge, reply.usage),
         )
 
     def _failure(self, job: Job, err: ProviderError, started: float, ticket: Ticket) -> Outcome:

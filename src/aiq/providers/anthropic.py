@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..usage import anthropic_usage
 from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
 from .base import (
     ProviderError,
@@ -22,7 +23,6 @@ from .base import (
     exchange,
     reply_headers,
     secret_of,
-    token_count,
 )
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicProvider"]
@@ -119,29 +119,5 @@ def _reply(resp: httpx.Response, raw: bytes, secret: str | None) -> Reply:
             status_code=200,
             retryable=True,
         )
-    usage = data.get("usage")
-    if not isinstance(usage, dict):
-        usage = {}
     request_id, limits = reply_headers(resp.headers, b"request-id")
-    fresh = token_count(usage.get("input_tokens"))
-    written = token_count(usage.get("cache_creation_input_tokens"))
-    read = token_count(usage.get("cache_read_input_tokens"))
-    return Reply(
-        200,
-        raw,
-        request_id or data.get("id"),
-        # input_tokens leaves out the prompt's cached part; every prompt token counts here.
-        fresh + written + read,
-        token_count(usage.get("output_tokens")),
-        limits,
-        billed_in=_billed_in(usage, fresh, written, read) if written or read else None,
-    )
-
-
-def _billed_in(usage: dict[str, Any], fresh: int, written: int, read: int) -> float:
-    """The prompt in input-price tokens: cache writes cost 1.25x the input price (2x for the
-    1-hour cache), cache reads 0.1x (Anthropic's prompt caching prices)."""
-    split = usage.get("cache_creation")
-    hour = token_count(split.get("ephemeral_1h_input_tokens")) if isinstance(split, dict) else 0
-    hour = min(hour, written)
-    return fresh + 1.25 * (written - hour) + 2.0 * hour + 0.1 * read
+    return Reply.of(raw, request_id or data.get("id"), anthropic_usage(data.get("usage")), limits)

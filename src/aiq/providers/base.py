@@ -17,6 +17,7 @@ from ..ratelimit_headers import (
     parse_rate_limit_headers,
     read_rate_limits,
 )
+from ..usage import Usage
 
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
 _BY_STATUS: dict[int, tuple[str, bool, bool]] = {
@@ -73,9 +74,22 @@ class Reply:
     tokens_in: int
     tokens_out: int
     limits: RateLimitInfo | None = None  # the server's rate-limit headers, if it sent any
-    # The prompt in tokens at the input price, when the provider prices parts of it otherwise
-    # (Anthropic's prompt cache); None: tokens_in.
-    billed_in: float | None = None
+    # Its usage by kind (aiq.usage), priced kind by kind. None: the reply's usage was missing
+    # or unusable (not counts), so its cost is unknown; tokens_in and tokens_out are then 0.
+    usage: Usage | None = None
+
+    @classmethod
+    def of(
+        cls,
+        body: bytes,
+        request_id: str | None,
+        usage: Usage | None,
+        limits: RateLimitInfo | None,
+    ) -> Reply:
+        """A 200 reply with its usage, unusable or not."""
+        if usage is None:
+            return cls(200, body, request_id, 0, 0, limits, None)
+        return cls(200, body, request_id, usage.tokens_in, usage.tokens_out, limits, usage)
 
 
 class ProviderError(Exception):
@@ -196,11 +210,6 @@ def reply_headers(
     if limits_found is None:
         return request_id, None
     return request_id, parse_rate_limit_headers(limits_found, datetime.now(UTC))
-
-
-def token_count(value: object) -> int:
-    """A usage figure; a server that sends a non-number for one has still answered: 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def error_message(

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..usage import openai_usage
 from .base import (
     ProviderError,
     Reply,
@@ -16,7 +17,6 @@ from .base import (
     exchange,
     reply_headers,
     secret_of,
-    token_count,
 )
 
 _EXPECTED = {"/v1/embeddings": "data", "/v1/responses": "output"}  # a good reply carries it
@@ -131,16 +131,6 @@ class OpenAIProvider:
                 status_code=200,
                 retryable=True,
             )
-        usage = data.get("usage")
-        if not isinstance(usage, dict):
-            usage = {}
         request_id, limits = reply_headers(resp.headers, b"x-request-id")
-        return Reply(
-            200,
-            content,
-            request_id or data.get("id"),
-            # /v1/responses names them input and output tokens; the rest prompt and completion.
-            token_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
-            token_count(usage.get("completion_tokens", usage.get("output_tokens"))),
-            limits,
-        )
+        usage = openai_usage(data.get("usage"))
+        return Reply.of(content, request_id or data.get("id"), usage, limits)
