@@ -31,6 +31,11 @@ Refusals, whatever the request says:
   <require_key>`` on ``/v1/messages``).
 - ``status_for_all``: answer every request with this status and OpenAI's error body for it
   (401 bad key, 403, 404 unknown model, 429 quota, 500, 503).
+- ``status_for_model``: ``{model: status}``: answer every request naming that model with this
+  status (and the dialect's error body), after any latency; other models are served as usual.
+  A gateway in front of several deployments (LiteLLM's router, OpenRouter, a vLLM per model
+  behind one URL) fails this way when one model's deployment is down: its calls get 500s while
+  the others' succeed on the same endpoint (PROVIDERS.md: "an always-failing model").
 
 Rate limits, as OpenAI enforces them (see ``_RateLimiter``):
 
@@ -567,6 +572,7 @@ class FakeServer:
         transient_rate: float = 0.0,
         latency_s: float = 0.0,
         status_for_all: int | None = None,
+        status_for_model: dict[str, int] | None = None,
         require_key: str | None = None,
         retry_after_s: float = 0.0,
         seed: int = 0,
@@ -592,6 +598,7 @@ class FakeServer:
         self.transient_rate = transient_rate
         self.latency_s = latency_s
         self.status_for_all = status_for_all
+        self.status_for_model = dict(status_for_model or {})
         self.require_key = require_key
         self.retry_after_s = retry_after_s
         self.seed = seed
@@ -850,7 +857,15 @@ class FakeServer:
             return 404, error_body(404, f"Unknown path {path}", code="unknown_url")
         if not isinstance(body, dict):
             return 400, error_body(400, "We could not parse the JSON body.")
+        if (status := self._model_status(body)) is not None:
+            return status, error_body(status)
         return None
+
+    def _model_status(self, body: dict) -> int | None:
+        """The status ``status_for_model`` forces on requests naming this body's model."""
+        if not self.status_for_model:
+            return None
+        return self.status_for_model.get(body.get("model") or MODEL)
 
     def _refused_anthropic(self, request: web.Request, body: Any) -> tuple[int, dict] | None:
         """``_refused`` for the Messages API: its auth header, version header and fields."""
@@ -859,6 +874,8 @@ class FakeServer:
             return status, anthropic.error_body(status)
         if (why := anthropic.invalid(request.headers, body)) is not None:
             return 400, anthropic.error_body(400, why)
+        if (status := self._model_status(body)) is not None:
+            return status, anthropic.error_body(status)
         return None
 
     @staticmethod

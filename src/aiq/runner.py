@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from . import machine, routing
-from .breaker import CircuitBreaker
+from .breaker import Breakers
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .costs import CostMeter
 from .errors import (
@@ -251,7 +251,7 @@ async def run_batch(
                 limiter=Limiters(rpm=config.rpm, tpm=config.tpm, per_model=config.model_limits),
                 # Probing a down provider every 10 s at most: one request, and a run resumes
                 # within 10 s of the provider coming back.
-                breaker=CircuitBreaker(probe_cap_s=10.0),
+                breakers=Breakers(probe_cap_s=10.0),
                 retry=RetryPolicy(
                     config.max_attempts,
                     config.backoff_base_s,

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import backoff, tokens
-from .breaker import OUTAGE_ERRORS, CircuitBreaker
+from .breaker import OUTAGE_ERRORS, Breakers
 from .concurrency import AutoConcurrency
 from .costs import Charge, CostMeter
 from .durations import duration_text
@@ -130,7 +130,7 @@ class Worker:
         max_concurrency: int = 256,
         held_by: str | None = None,
         limiter: RateLimiter | Limiters | None = None,
-        breaker: CircuitBreaker | None = None,
+        breakers: Breakers | None = None,
         retry: RetryPolicy = RetryPolicy(),
         progress: Progress | None = None,
         costs: CostMeter | None = None,
@@ -147,7 +147,8 @@ class Worker:
             concurrency = self._auto.size  # may send now
         self._concurrency = concurrency
         self._senders: list[asyncio.Task[None]] = []
-        self._breaker = breaker or CircuitBreaker()
+        # One circuit breaker per endpoint and model (aiq.breaker.Breakers).
+        self._breakers = breakers or Breakers()
         self._refusals = RefusalStreak()
         # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
         self._timeouts = timeouts
@@ -234,7 +235,7 @@ class Worker:
         retry_in_s = None
         if not self._claimed and self._next_due_at is not None:
             retry_in_s = self._next_due_at - now
-        if self._breaker.is_open or p.outage_s or p.done + p.dead >= p.total:
+        if self._breakers.all_down or p.outage_s or p.done + p.dead >= p.total:
             p.waiting = None  # the outage note says it, or nothing is left to wait for
         else:
             p.waiting = waiting_text(models, now=now, in_flight=p.in_flight, retry_in_s=retry_in_s)
@@ -313,7 +314,7 @@ class Worker:
         room = _AHEAD * self._concurrency - (len(self._claimed) - len(batch) - len(deferred))
         if room < self._concurrency:  # claiming a few at a time would cost a commit each
             room = 0
-        if self._breaker.is_open:
+        if self._breakers.all_down:
             # The provider is down: claim nothing more, but one job for the probe.
             room = 0 if self._claimed else 1
         if not batch and not room and not sent and not deferred:
@@ -395,12 +396,12 @@ class Worker:
     async def _send(self, job: Job) -> None:
         """Wait for the provider and the budget, then send (released back to queued by run()
         if stopped meanwhile, or if the job would pass --max-cost)."""
-        # The breaker is nearly always closed: then no wait, and no coroutine to find that out.
-        up = not (self._breaker.is_open or self.progress.outage_s)
-        if not up and not await self._provider_up(job):
+        model = job.model if isinstance(job.model, str) else None
+        # The breakers are nearly always closed: then no wait, and no coroutine to find that out.
+        up = not (self._breakers.any_open or self.progress.outage_s)
+        if not up and not await self._provider_up(job, model):
             return
         try:
-            model = job.model if isinstance(job.model, str) else None
             charge = self.costs.charge(job.body, model)
             if self.costs.cap_usd is not None and not await self.costs.admit(charge):
                 self.stop()  # --max-cost: nothing more fits; what is in flight finishes
@@ -412,7 +413,7 @@ class Worker:
         finally:
             if job.id in self._probe_jobs:  # let out as the probe, but never sent
                 self._probe_jobs.discard(job.id)
-                self._breaker.cancel_probe()
+                self._breakers.get((job.endpoint, model)).cancel_probe()
 
     async def _send_admitted(self, job: Job, model: str | None, charge: Charge) -> None:
         """Wait for the limiter, send, and hand the outcome to the store."""
@@ -516,21 +517,24 @@ class Worker:
         async with self._auto.pacing():
             return await limiter.acquire(cost.prompt, cost.reserved)
 
-    async def _provider_up(self, job: Job) -> bool:
-        """Wait while the circuit breaker is open; False if the run stops meanwhile. A job
-        let out while it is open is its probe: only the probe's failure counts while open."""
-        breaker = self._breaker
-        while (wait := breaker.admit()) > 0:
-            self.progress.outage_s = breaker.outage_s()
-            if breaker.never_reached():
+    async def _provider_up(self, job: Job, model: str | None) -> bool:
+        """Wait while the provider is down (every model's breaker open) and this job's model's
+        breaker holds it; False if the run stops meanwhile. A job let out while it is open is
+        its probe: only the probe's failure counts while open. While other models answer, a
+        model whose breaker is open is broken, not down: its jobs go, and use up attempts."""
+        breakers = self._breakers
+        breaker = breakers.get((job.endpoint, model))
+        while breakers.all_down and (wait := breaker.admit()) > 0:
+            self.progress.outage_s = breakers.outage_s()
+            if breakers.never_reached():
                 self._give_up_on_endpoint()
             elif self.progress.outage_s > self._retry.max_outage_s:
                 self._give_up_on_provider()
             if self._stop:
                 return False
             await asyncio.sleep(min(wait, 0.5))
-        self.progress.outage_s = breaker.outage_s()
-        if breaker.is_open:
+        self.progress.outage_s = breakers.outage_s()
+        if breaker.is_open and breakers.all_down:
             self._probe_jobs.add(job.id)
         return not self._stop
 
@@ -580,7 +584,7 @@ class Worker:
         limiter.settle(ticket, reply.tokens_in)
         if self._probe_jobs:
             self._probe_jobs.discard(job.id)
-        self._breaker.record(False)
+        self._breakers.record((job.endpoint, charge.model), False)
         self._refusals.succeeded()
         if self._timeouts is not None:
             self._learned(charge.model, finished - started)
@@ -628,10 +632,14 @@ class Worker:
             self.progress.timeouts += 1
         probe = job.id in self._probe_jobs
         self._probe_jobs.discard(job.id)
-        breaker = self._breaker
-        breaker.record(outage_like, probe=probe, unreachable=err.unreachable, took_s=now - started)
-        down = outage_like and breaker.is_open
-        never_reached = err.unreachable and not breaker.reached
+        breakers = self._breakers
+        key = (job.endpoint, job.model if isinstance(job.model, str) else None)
+        breakers.record(
+            key, outage_like, probe=probe, unreachable=err.unreachable, took_s=now - started
+        )
+        # Down: every model fails so (not only this one), which is the provider's doing.
+        down = outage_like and breakers.all_down
+        never_reached = err.unreachable and not breakers.reach.reached
         own_fault = not (err.fatal or rate_limited or down or never_reached)
         out = Outcome(
             job.id,
@@ -649,7 +657,7 @@ class Worker:
             self.fatal = self.fatal or err
             self.stop()
             return out
-        if never_reached and breaker.never_reached():
+        if never_reached and breakers.never_reached():
             self._give_up_on_endpoint()
             return out
         # A 429 costs no attempt, so its backoff grows with the run's streak of refusals.
