@@ -77,6 +77,7 @@ BAD = [
     ("prices", "{m: {input: -1, output: 1}}", "m: input and output must be numbers, 0 or more"),
     ("metrics_file", "5", "5 is not text"),
     ("order", "random", "'random' is unknown; use done | input"),
+    ("on_truncated", "drop", "'drop' is unknown; use keep | dead"),
     ("strict", "1", "1 is not true or false"),
     ("strict", "maybe", "'maybe' is not true or false"),
     ("simulated_latency_s", "-1", "-1 is below 0"),

@@ -103,7 +103,7 @@ def cost_lines(s: Stats) -> list[str]:
         total += f" (+ {s.unpriced:,} done jobs of unknown cost)"
     lines = [total]
     for m in s.models:
-        cost = usd(m.cost_usd) if m.unpriced < m.done else "cost unknown (no price)"
+        cost = usd(m.cost_usd) if m.cost_usd is not None else "cost unknown (no price)"
         lines.append(
             f"  {m.model or '(none)'}: {m.done:,} done, {m.tokens_in:,} in / "
             f"{m.tokens_out:,} out, {cost}"
@@ -159,6 +159,7 @@ def run_summary_lines(s: RunSummary) -> list[str]:
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {retries}, "
         f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, {run_cost(p)}"
     )
+    lines.extend(stop_lines(p.truncated, p.filtered, dead=s.on_truncated == "dead"))
     if p.held_by:
         lines.append(
             f"in flight: at most {p.max_in_flight:,} at once, held back by {p.held_by} "
@@ -195,6 +196,8 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "dead_now": p.dead_now,
         "retries": p.retries,
         "timed_out": p.timeouts,
+        "truncated": p.truncated,
+        "content_filtered": p.filtered,
         "tokens_in": p.tokens_in,
         "tokens_out": p.tokens_out,
         "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
@@ -259,6 +262,33 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
         lines.append(
             f"timed out: {plural(s.timeouts, 'call')} got no reply in time (retried; the "
             "provider may still bill them)"
+        )
+    if s.truncated_dead:
+        lines.append(
+            f"cut off: {plural(s.truncated_dead, 'reply', 'replies')} cut off by max_tokens "
+            "were dead-lettered (--on-truncated dead), the replies kept in the dead letters"
+        )
+    lines.extend(stop_lines(s.truncated, s.filtered, dead=False))
+    return lines
+
+
+def stop_lines(truncated: int, filtered: int, *, dead: bool) -> list[str]:
+    """Replies that stopped short (aiq.stops): billed, and with less than was asked for."""
+    lines = []
+    if truncated:
+        kept = (
+            "dead-lettered (--on-truncated dead)"
+            if dead
+            else "kept as results (--on-truncated dead dead-letters them)"
+        )
+        lines.append(
+            f"cut off: {plural(truncated, 'reply', 'replies')} cut off by max_tokens, {kept}; "
+            "raise max_tokens and run the file again to have them whole"
+        )
+    if filtered:
+        lines.append(
+            f"content filter: {plural(filtered, 'reply', 'replies')} stopped by a content "
+            "filter, kept as results (a replay would likely be refused again)"
         )
     return lines
 

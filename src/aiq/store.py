@@ -39,6 +39,9 @@ from .records import (
     Target,
 )
 from .requestfile import Prefix, RequestFile
+from .stops import CONTENT_FILTER, TRUNCATED
+
+_STOPS = (TRUNCATED, CONTENT_FILTER)  # error types of a done job: how its reply stopped short
 
 _PRAGMAS = (
     "PRAGMA journal_mode = WAL",
@@ -640,6 +643,7 @@ class JobStore:
         )
         counts = dict.fromkeys(STATE_NAMES, 0)
         tokens_in = tokens_out = recent = in_flight = timeouts = 0
+        stops: dict[tuple[int, str], int] = {}  # (state, stop) -> replies that stopped short
         oldest: float | None = None
         errors: dict[str, int] = {}
         models: dict[str | None, list[Any]] = {}  # ModelUsage's fields after the model
@@ -653,6 +657,13 @@ class JobStore:
                 in_flight += sent
             tokens_in += t_in
             tokens_out += t_out
+            if error_type in _STOPS and state in (DONE, DEAD):  # aiq.stops; billed replies
+                stops[state, error_type] = stops.get((state, error_type), 0) + n
+                if state == DEAD and cost is not None:  # dead by --on-truncated: billed
+                    m = models.setdefault(model, [0, 0, 0, None, 0])
+                    m[1] += t_in
+                    m[2] += t_out
+                    m[3] = (m[3] or 0.0) + cost
             if state == DONE:
                 recent += n_recent
                 m = models.setdefault(model, [0, 0, 0, None, 0])
@@ -681,6 +692,9 @@ class JobStore:
             ],
             not_due=not_due,
             timeouts=timeouts,
+            truncated=stops.get((DONE, TRUNCATED), 0),
+            truncated_dead=stops.get((DEAD, TRUNCATED), 0),
+            filtered=stops.get((DONE, CONTENT_FILTER), 0) + stops.get((DEAD, CONTENT_FILTER), 0),
         )
 
     async def count_jobs(self) -> int:

@@ -26,6 +26,7 @@ from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError, Reply
 from .records import DEAD, DONE, QUEUED, Job, Outcome
 from .refusals import RefusalStreak
+from .stops import TRUNCATED, stop_message
 from .store import JobStore
 from .timeouts import Timeouts
 from .waits import ModelLimits, limits_text, waiting_text
@@ -75,6 +76,8 @@ class Progress:
     outage_s: float = 0.0  # how long the provider has been down (0: it is up)
     last_error: str = ""  # the provider's last outage-like error (server, timeout, connection)
     timeouts: int = 0  # calls that got no reply in time: the provider may still bill them
+    truncated: int = 0  # replies cut off at max_tokens (done or, --on-truncated dead, dead)
+    filtered: int = 0  # replies stopped by a content filter (kept as results)
     limits: str | None = None  # the limits in force (aiq.waits), None: none known
     waiting: str | None = None  # what the run waits for, when it waits (aiq.waits)
     tokens_in: int = 0
@@ -135,8 +138,11 @@ class Worker:
         progress: Progress | None = None,
         costs: CostMeter | None = None,
         timeouts: Timeouts | None = None,
+        on_truncated: str = "keep",
     ) -> None:
         self._store = store
+        # --on-truncated: "dead" dead-letters a reply cut off at max_tokens (aiq.stops).
+        self._dead_truncated = on_truncated == "dead"
         self._provider = provider
         if isinstance(limiter, RateLimiter):
             limiter = Limiters.shared(limiter)
@@ -362,13 +368,26 @@ class Worker:
                     p.unpriced += 1
                 else:
                     p.cost_usd += o.cost_usd
+                if o.error_type is not None:  # a reply that stopped short (aiq.stops)
+                    self._count_stop(o)
             elif o.state == DEAD:
                 p.dead += 1
                 p.dead_now += 1
+                if o.response is not None:  # a reply cut off, dead by --on-truncated: billed
+                    p.tokens_in += o.tokens_in or 0
+                    p.tokens_out += o.tokens_out or 0
+                    p.cost_usd += o.cost_usd or 0.0
+                    self._count_stop(o)
             elif o.next_at:  # a retry; a fatal error's job is requeued with no retry time
                 p.retries += 1
         # A job added since the last count may be finished before the next: never done > total.
         p.total = max(p.total, p.done + p.dead)
+
+    def _count_stop(self, o: Outcome) -> None:
+        if o.error_type == TRUNCATED:
+            self.progress.truncated += 1
+        else:
+            self.progress.filtered += 1
 
     # -- the sending side ----------------------------------------------------------------
 
@@ -591,7 +610,7 @@ class Worker:
         auto = self._auto
         if auto is not None and auto.observe(finished - started, self.progress.in_flight):
             self._resized()
-        return Outcome(
+        out = Outcome(
             job.id,
             DONE,
             job.attempts + 1,
@@ -606,6 +625,15 @@ class Worker:
             model=charge.model,
             cost_usd=self.costs.settle(charge, reply.tokens_in, reply.tokens_out, reply.billed_in),
         )
+        if (stop := reply.stop) is not None:
+            # Stored as sent either way, its stop named in error_type (status counts it); a
+            # cut-off reply is dead with --on-truncated dead, for a replay with more tokens.
+            dead = stop.kind == TRUNCATED and self._dead_truncated
+            out.error_type = stop.kind
+            out.error_message = stop_message(stop, reply.tokens_out, dead=dead)
+            if dead:
+                out.state = DEAD
+        return out
 
     def _failure(self, job: Job, err: ProviderError, started: float, ticket: Ticket) -> Outcome:
         """Classify a failed attempt: retry later, dead-letter, or stop the run.

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..stops import anthropic_stop
 from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
 from .base import (
     ProviderError,
@@ -135,6 +136,7 @@ def _reply(resp: httpx.Response, raw: bytes, secret: str | None) -> Reply:
         token_count(usage.get("output_tokens")),
         limits,
         billed_in=_billed_in(usage, fresh, written, read) if written or read else None,
+        stop=anthropic_stop(data),
     )
 
 

@@ -17,6 +17,7 @@ from ..ratelimit_headers import (
     parse_rate_limit_headers,
     read_rate_limits,
 )
+from ..stops import Stop
 
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
 _BY_STATUS: dict[int, tuple[str, bool, bool]] = {
@@ -76,6 +77,7 @@ class Reply:
     # The prompt in tokens at the input price, when the provider prices parts of it otherwise
     # (Anthropic's prompt cache); None: tokens_in.
     billed_in: float | None = None
+    stop: Stop | None = None  # how it stopped short (max_tokens, a content filter); aiq.stops
 
 
 class ProviderError(Exception):

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..stops import openai_stop
 from .base import (
     ProviderError,
     Reply,
@@ -143,4 +144,5 @@ class OpenAIProvider:
             token_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
             token_count(usage.get("completion_tokens", usage.get("output_tokens"))),
             limits,
+            stop=openai_stop(endpoint, data),
         )
