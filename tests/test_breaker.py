@@ -416,6 +416,7 @@ def test_a_broken_model_opens_its_own_breaker_and_the_provider_is_not_down() -> 
     assert b.get(BAD).is_open and not b.get(GOOD).is_open
     assert b.any_open and not b.all_down  # the good model answers: the provider is up
     assert b.outage_s() == 0.0
+    assert b.broken(BAD) and not b.broken(GOOD) and not b.broken((CHAT, "unseen"))
 
 
 def test_the_provider_is_down_once_every_model_that_answered_fails() -> None:

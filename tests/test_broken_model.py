@@ -57,6 +57,14 @@ def test_a_broken_models_jobs_are_dead_lettered_while_the_others_finish(tmp_path
     assert {(d["attempts"], d["error"]["type"], d["error"]["status_code"]) for d in dead} == {
         (ATTEMPTS, "server", 500)
     }
+    # Each says why: its model failed alone, so look at it, then replay.
+    late = [
+        d["error"]["message"]
+        for d in dead
+        if "while other models answered" in d["error"]["message"]
+    ]
+    assert len(late) >= N // 2  # those that died after the model's breaker opened
+    assert all("bad-model" in m and "aiq replay-dead --error server" in m for m in late)
 
 
 def test_when_every_model_fails_it_is_still_an_outage(tmp_path: Path) -> None:

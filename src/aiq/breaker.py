@@ -228,9 +228,17 @@ class Breakers:
         """The outcome of a call of ``key``'s (see :meth:`CircuitBreaker.record`)."""
         self.reach.record(unreachable=unreachable, took_s=took_s)
         mine = self.get(key)
-        others = [b for k, b in self._by_key.items() if k != key] if unreachable else []
-        before = mine.is_open + sum(b.is_open for b in others)
+        was_open = mine.is_open
         mine.record(outage_like, probe=probe, unreachable=unreachable, took_s=took_s)
-        for b in others:  # not a probe of theirs: it changes an open one not at all
-            b.record(True, unreachable=True, took_s=took_s)
-        self._open += mine.is_open + sum(b.is_open for b in others) - before
+        self._open += mine.is_open - was_open
+        if unreachable:
+            for k, b in self._by_key.items():
+                if k != key:  # not a probe of theirs: it changes an open one not at all
+                    was_open = b.is_open
+                    b.record(True, unreachable=True, took_s=took_s)
+                    self._open += b.is_open - was_open
+
+    def broken(self, key: Hashable) -> bool:
+        """Whether ``key``'s breaker is open while the provider is up: its model fails alone."""
+        b = self._by_key.get(key)
+        return b is not None and b.is_open and not self.all_down

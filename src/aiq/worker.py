@@ -708,6 +708,12 @@ class Worker:
             return out
         if not err.retryable or out.attempts >= self._retry.max_attempts:
             out.state, out.finished_at = DEAD, now
+            if outage_like and breakers.broken(key):
+                out.error_message = (
+                    f"{err.message}; most calls to {key[1] or 'this model'} failed so while other "
+                    "models answered: its deployment may be down. Once it answers, run aiq "
+                    f"replay-dead --error {err.error_type}, then aiq resume"
+                )
             return out
         out.next_at = now + wait_s
         return out
