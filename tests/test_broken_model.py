@@ -41,6 +41,15 @@ def test_a_broken_models_jobs_are_dead_lettered_while_the_others_finish(tmp_path
         )  # fmt: skip
         elapsed = time.monotonic() - started
         requests = server.requests
+        dead = read_jsonl(tmp_path / "f.dead.jsonl")
+        results = read_jsonl(tmp_path / "f.results.jsonl")
+        # The model's deployment is back: its jobs replay and finish.
+        server.status_for_model = {}
+        replayed = run_aiq("replay-dead", "--error", "server", cwd=tmp_path)
+        resumed = run_aiq("resume", cwd=tmp_path)
+    assert replayed.returncode == 0 and f"replayed {N} dead jobs" in replayed.stdout
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(read_jsonl(tmp_path / "f.results.jsonl")) == 2 * N
 
     assert done.returncode == 1, done.stderr  # finished, some jobs dead (DESIGN.md)
     assert "max-outage" not in done.stderr and "failed every call" not in done.stderr
@@ -50,9 +59,8 @@ def test_a_broken_models_jobs_are_dead_lettered_while_the_others_finish(tmp_path
     assert max(r.monotonic for r in good) - started < 10
     bad = [r for r in requests if r.prompt.startswith("bad-model")]
     assert len(bad) == N * ATTEMPTS and all(r.status == 500 for r in bad)
-    results = read_jsonl(tmp_path / "f.results.jsonl")
+    assert f"finished {N} and dead-lettered {N}" in done.stdout
     assert sorted(r["custom_id"] for r in results) == sorted(f"good-model-{i}" for i in range(N))
-    dead = read_jsonl(tmp_path / "f.dead.jsonl")
     assert sorted(d["custom_id"] for d in dead) == sorted(f"bad-model-{i}" for i in range(N))
     assert {(d["attempts"], d["error"]["type"], d["error"]["status_code"]) for d in dead} == {
         (ATTEMPTS, "server", 500)
