@@ -159,7 +159,7 @@ def run_summary_lines(s: RunSummary) -> list[str]:
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {retries}, "
         f"tokens {p.tokens_in:,} in / {p.tokens_out:,} out, {run_cost(p)}"
     )
-    lines.extend(stop_lines(p.truncated, p.filtered, dead=s.on_truncated == "dead"))
+    lines.extend(stop_lines(p.truncated, p.filtered, dead=s.on_truncated == "dead", run=True))
     if p.held_by:
         lines.append(
             f"in flight: at most {p.max_in_flight:,} at once, held back by {p.held_by} "
@@ -272,15 +272,15 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
     return lines
 
 
-def stop_lines(truncated: int, filtered: int, *, dead: bool) -> list[str]:
-    """Replies that stopped short (aiq.stops): billed, and with less than was asked for."""
+def stop_lines(truncated: int, filtered: int, *, dead: bool, run: bool = False) -> list[str]:
+    """Replies that stopped short (aiq.stops): billed, and with less than was asked for;
+    ``run``: a run's, which may name the option that would have dead-lettered them."""
     lines = []
     if truncated:
-        kept = (
-            "dead-lettered (--on-truncated dead)"
-            if dead
-            else "kept as results (--on-truncated dead dead-letters them)"
-        )
+        if dead:
+            kept = "dead-lettered (--on-truncated dead)"
+        else:
+            kept = "kept as results" + (" (--on-truncated dead dead-letters them)" if run else "")
         lines.append(
             f"cut off: {plural(truncated, 'reply', 'replies')} cut off by max_tokens, {kept}; "
             "raise max_tokens and run the file again to have them whole"
