@@ -31,6 +31,11 @@ Refusals, whatever the request says:
   <require_key>`` on ``/v1/messages``).
 - ``status_for_all``: answer every request with this status and OpenAI's error body for it
   (401 bad key, 403, 404 unknown model, 429 quota, 500, 503).
+- ``status_for_model``: ``{model: status}``: answer every request naming that model with this
+  status (and the dialect's error body), after any latency; other models are served as usual.
+  A gateway in front of several deployments (LiteLLM's router, OpenRouter, a vLLM per model
+  behind one URL) fails this way when one model's deployment is down: its calls get 500s while
+  the others' succeed on the same endpoint (PROVIDERS.md: "an always-failing model").
 
 Rate limits, as OpenAI enforces them (see ``_RateLimiter``):
 
@@ -57,6 +62,13 @@ Rate limits as a given provider or gateway counts them (``tests/fake_limits.py``
 Faults, for the requests the limiter admitted:
 
 - ``reject_marker``: a request whose text contains it gets a permanent 400.
+- ``cut_off_marker``, ``thinking_marker``, ``filter_marker``: a request whose text contains one
+  gets a 200 that stopped short, in the shape of its API (:func:`stopped_short`): cut off at
+  ``max_tokens`` (chat and completions ``finish_reason: "length"``, Responses ``status:
+  "incomplete"`` for ``max_output_tokens``, Anthropic ``stop_reason: "max_tokens"``); a
+  reasoning model's whole budget spent thinking (the same, with empty content and every
+  completion token a reasoning token); stopped by a content filter (``"content_filter"``,
+  Anthropic's ``"refusal"``). Billed as providers bill them: the tokens generated.
 - ``reject_rate``: the share of prompts that always get a permanent 400 (drawn from the seed and
   the prompt, so a retry gets it again; :meth:`FakeServer.would_reject` tells which).
 - ``transient_rate``: the share of attempts answered 500 or 429 (+ ``retry-after`` from
@@ -366,6 +378,52 @@ _BUILDERS = {
 }
 
 
+Stop = Literal["cut_off", "thinking", "filter"]
+_UNBOUNDED_OUTPUT = 64  # tokens a cut-off reply generated when the request names no max_tokens
+
+
+def stopped_short(path: str, body: Any, payload: dict, stop: Stop) -> None:
+    """Make ``payload`` (a 200 reply to ``body`` at ``path``) one that stopped short, as the
+    API at ``path`` says so (see the module docstring). A cut-off reply generated exactly the
+    request's ``max_tokens`` (``max_completion_tokens``, ``max_output_tokens``)."""
+    limit = None
+    for name in ("max_completion_tokens", "max_output_tokens", "max_tokens"):
+        limit = limit if limit is not None else _count(body.get(name))
+    out = limit or _UNBOUNDED_OUTPUT
+    filtered = stop == "filter"
+    if path == anthropic.PATH:
+        payload["stop_reason"] = "refusal" if filtered else "max_tokens"
+        if stop == "thinking":  # extended thinking that used the whole budget
+            payload["content"] = [{"type": "thinking", "thinking": "Hmm, " * out, "signature": "x"}]
+        if not filtered:
+            payload["usage"]["output_tokens"] = out
+        return
+    usage = payload["usage"]
+    if path.endswith("/responses"):
+        payload["status"] = "incomplete"
+        payload["incomplete_details"] = {
+            "reason": "content_filter" if filtered else "max_output_tokens"
+        }
+        if stop == "thinking":
+            payload["output"] = [{"type": "reasoning", "id": "rs_fake", "summary": []}]
+            usage["output_tokens_details"]["reasoning_tokens"] = out
+        if not filtered:
+            usage["total_tokens"] += out - usage["output_tokens"]
+            usage["output_tokens"] = out
+        return
+    choice = payload["choices"][0]
+    choice["finish_reason"] = "content_filter" if filtered else "length"
+    if not filtered:
+        usage["total_tokens"] += out - usage["completion_tokens"]
+        usage["completion_tokens"] = out
+    if stop == "thinking":
+        if "message" in choice:
+            choice["message"]["content"] = ""
+        else:
+            choice["text"] = ""
+        usage["completion_tokens_details"] = {"reasoning_tokens": out}
+
+
 ORGANIZATION = "org-fake"
 _RATE_LIMIT_HELP = "Visit https://platform.openai.com/account/rate-limits to learn more."
 
@@ -603,9 +661,13 @@ class FakeServer:
         self,
         *,
         reject_marker: str | None = "FAIL_PERMANENT",
+        cut_off_marker: str | None = "CUT_OFF",
+        thinking_marker: str | None = "THINKS_TOO_LONG",
+        filter_marker: str | None = "FILTER_ME",
         transient_rate: float = 0.0,
         latency_s: float = 0.0,
         status_for_all: int | None = None,
+        status_for_model: dict[str, int] | None = None,
         require_key: str | None = None,
         retry_after_s: float = 0.0,
         seed: int = 0,
@@ -631,9 +693,13 @@ class FakeServer:
         usage_patches: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.reject_marker = reject_marker
+        self.cut_off_marker = cut_off_marker
+        self.thinking_marker = thinking_marker
+        self.filter_marker = filter_marker
         self.transient_rate = transient_rate
         self.latency_s = latency_s
         self.status_for_all = status_for_all
+        self.status_for_model = dict(status_for_model or {})
         self.require_key = require_key
         self.retry_after_s = retry_after_s
         self.seed = seed
@@ -879,6 +945,8 @@ class FakeServer:
         """The 200 reply to a request; an Anthropic one with its prompt-cache usage. A limit
         mode that counts after the call (generated tokens) is told its usage."""
         payload = _BUILDERS[path](body, prompt)
+        if (stop := self._stop_for(path, body)) is not None:
+            stopped_short(path, body, payload, stop)
         if path == anthropic.PATH:
             anthropic.account_cache(payload, body, self._cached, _tokens)
         usage = payload.get("usage")
@@ -892,6 +960,18 @@ class FakeServer:
             self.limit_mode.settle(self.limit_clock(), payload.get("usage") or {})
         return payload
 
+    def _stop_for(self, path: str, body: Any) -> Stop | None:
+        """How the reply to this request stops short, by the markers in its text, if at all."""
+        markers = (
+            ("cut_off", self.cut_off_marker),
+            ("thinking", self.thinking_marker),
+            ("filter", self.filter_marker),
+        )
+        if path.endswith("/embeddings") or not any(m for _, m in markers):
+            return None
+        text = _all_text(path, body)
+        return next((kind for kind, m in markers if m is not None and m in text), None)
+
     def _refused(self, request: web.Request, path: str, body: Any) -> tuple[int, dict] | None:
         """The error a request gets before it reaches any model (auth, forced, bad URL or JSON)."""
         if path == anthropic.PATH:
@@ -902,7 +982,15 @@ class FakeServer:
             return 404, error_body(404, f"Unknown path {path}", code="unknown_url")
         if not isinstance(body, dict):
             return 400, error_body(400, "We could not parse the JSON body.")
+        if (status := self._model_status(body)) is not None:
+            return status, error_body(status)
         return None
+
+    def _model_status(self, body: dict) -> int | None:
+        """The status ``status_for_model`` forces on requests naming this body's model."""
+        if not self.status_for_model:
+            return None
+        return self.status_for_model.get(body.get("model") or MODEL)
 
     def _refused_anthropic(self, request: web.Request, body: Any) -> tuple[int, dict] | None:
         """``_refused`` for the Messages API: its auth header, version header and fields."""
@@ -911,6 +999,8 @@ class FakeServer:
             return status, anthropic.error_body(status)
         if (why := anthropic.invalid(request.headers, body)) is not None:
             return 400, anthropic.error_body(400, why)
+        if (status := self._model_status(body)) is not None:
+            return status, anthropic.error_body(status)
         return None
 
     @staticmethod

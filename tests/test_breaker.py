@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiq.breaker import CircuitBreaker
+from aiq.breaker import Breakers, CircuitBreaker
 
 
 class FakeClock:
@@ -395,3 +395,103 @@ def test_an_endpoint_that_answered_once_is_never_given_up_that_way(answer: str) 
         clock.now += 1.0
         b.record(outage_like=True, unreachable=True, probe=b.is_open)
     assert b.reached and not b.never_reached()
+
+
+# -- one breaker per endpoint and model --------------------------------------------------------
+
+CHAT = "/v1/chat/completions"
+GOOD, BAD = (CHAT, "good-model"), (CHAT, "bad-model")
+
+
+def breakers(clock: FakeClock) -> Breakers:
+    return Breakers(clock=clock)
+
+
+def test_a_broken_model_opens_its_own_breaker_and_the_provider_is_not_down() -> None:
+    clock = FakeClock()
+    b = breakers(clock)
+    for _ in range(20):
+        b.record(GOOD, False)
+        b.record(BAD, True)
+    assert b.get(BAD).is_open and not b.get(GOOD).is_open
+    assert b.any_open and not b.all_down  # the good model answers: the provider is up
+    assert b.outage_s() == 0.0
+    assert b.broken(BAD) and not b.broken(GOOD) and not b.broken((CHAT, "unseen"))
+
+
+def test_the_provider_is_down_once_every_model_that_answered_fails() -> None:
+    clock = FakeClock()
+    b = breakers(clock)
+    b.record(GOOD, False)
+    for _ in range(10):
+        b.record(BAD, True)
+    clock.now += 7.0
+    for _ in range(10):
+        b.record(GOOD, True)
+    assert b.all_down
+    clock.now += 3.0
+    # Down since the last of them opened (3 s), not since the first (10 s): until then a
+    # model answered.
+    assert b.outage_s() == pytest.approx(3.0)
+    b.record(GOOD, False)  # one model answers again: up, though the other is still open
+    assert not b.all_down and b.get(BAD).is_open
+    assert b.outage_s() == 0.0
+
+
+def test_a_model_never_reached_is_no_sign_of_the_provider_being_up() -> None:
+    # Its breaker is closed only because it has not been tried: no model answered yet.
+    b = breakers(FakeClock())
+    b.get(GOOD)
+    for _ in range(10):
+        b.record(BAD, True)
+    assert b.all_down
+
+
+def test_a_refused_connection_counts_against_every_models_breaker() -> None:
+    # Refused, no host: the endpoint, not a model. Ten such calls, whichever model's, open
+    # every breaker, as the one breaker of the whole endpoint did.
+    clock = FakeClock()
+    b = breakers(clock)
+    b.record(GOOD, False)
+    b.record(BAD, False)
+    for _ in range(10):
+        b.record(BAD, True, unreachable=True)
+    assert b.get(GOOD).is_open and b.get(BAD).is_open and b.all_down
+
+
+def test_an_endpoint_never_reached_is_given_up_on_across_models() -> None:
+    clock = FakeClock()
+    b = breakers(clock)
+    b.record(GOOD, True, unreachable=True)
+    b.record(BAD, True, unreachable=True)
+    clock.now += 2.0
+    assert not b.never_reached()  # two calls: the third may find the server started
+    b.record((CHAT, "third"), True, unreachable=True)
+    assert b.never_reached()
+    b.record(GOOD, True)  # an answer, whatever it said, from any model: reached
+    assert not b.never_reached()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(st.integers(0, 2), st.booleans(), st.booleans(), st.integers(0, 30)),
+        max_size=120,
+    )
+)
+def test_any_open_and_all_down_follow_the_breakers(
+    calls: list[tuple[int, bool, bool, int]],
+) -> None:
+    clock = FakeClock()
+    b = breakers(clock)
+    keys = [(CHAT, f"m{i}") for i in range(3)]
+    for which, failed, unreachable, step in calls:
+        clock.now += step / 10
+        key = keys[which]
+        probe = b.get(key).is_open and b.get(key).admit() == 0.0
+        b.record(key, failed or unreachable, probe=probe, unreachable=unreachable)
+        made = [b.get(k) for k in keys]
+        assert b.any_open == any(m.is_open for m in made)
+        answering = [m for m in made if m.reached and not m.is_open]
+        assert b.all_down == (b.any_open and not answering)
+        assert b.outage_s() >= 0.0 and (b.all_down or b.outage_s() == 0.0)

@@ -79,6 +79,7 @@ BAD = [
     ("prices", "{m: {input: 1, output: 1, cached: 1}}", "(and optionally cached_input, cache_"),
     ("metrics_file", "5", "5 is not text"),
     ("order", "random", "'random' is unknown; use done | input"),
+    ("on_truncated", "drop", "'drop' is unknown; use keep | dead"),
     ("strict", "1", "1 is not true or false"),
     ("strict", "maybe", "'maybe' is not true or false"),
     ("simulated_latency_s", "-1", "-1 is below 0"),

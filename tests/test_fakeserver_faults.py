@@ -402,3 +402,24 @@ def test_process_enforces_limits_and_faults_from_its_flags() -> None:
         proc.wait(timeout=5)
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+def test_status_for_model_fails_only_that_models_requests_in_each_dialect() -> None:
+    with FakeServer(status_for_model={"broken": 500}) as server, httpx.Client() as client:
+        base = server.base_url
+        broken = client.post(base + CHAT, json={**chat("a"), "model": "broken"})
+        fine = client.post(base + CHAT, json=chat("b"))
+        anthropic = {
+            "model": "broken",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "c"}],
+        }
+        headers = {"anthropic-version": "2023-06-01"}
+        claude = client.post(base + "/messages", json=anthropic, headers=headers)
+        claude_fine = client.post(
+            base + "/messages", json={**anthropic, "model": "claude-haiku-4-5"}, headers=headers
+        )
+    assert (broken.status_code, fine.status_code) == (500, 200)
+    assert broken.json()["error"]["type"] == "server_error"
+    assert (claude.status_code, claude_fine.status_code) == (500, 200)
+    assert claude.json()["error"]["type"] == "api_error"

@@ -126,6 +126,13 @@ RerouteOpt = Annotated[
         help="Send the store's unfinished jobs to this provider or base URL, not the recorded one.",
     ),
 ]
+OnTruncatedOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--on-truncated",
+        help="A reply cut off at max_tokens: keep it as a result (default) | dead-letter it.",
+    ),
+]
 WaitOpt = Annotated[
     float,
     typer.Option(
@@ -320,6 +327,7 @@ def run(
     wait: WaitOpt = 0.0,
     dry_run: DryRunOpt = False,
     max_cost: MaxCostOpt = None,
+    on_truncated: OnTruncatedOpt = None,
     reroute: RerouteOpt = False,
     traceback: TracebackOpt = False,
 ) -> None:
@@ -332,7 +340,7 @@ def run(
             concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
             timeout_s=timeout, order=order, strict=strict or None,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
-            max_cost_usd=max_cost, reroute=reroute or None,
+            max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
         )  # fmt: skip
         if dry_run:
             _dry_run(file, cfg, as_json)
@@ -380,6 +388,7 @@ def resume(
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
     max_cost: MaxCostOpt = None,
+    on_truncated: OnTruncatedOpt = None,
     reroute: RerouteOpt = False,
     traceback: TracebackOpt = False,
 ) -> None:
@@ -391,7 +400,7 @@ def resume(
             db, config, provider=provider, base_url=base_url, concurrency=concurrency,
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
-            max_cost_usd=max_cost, reroute=reroute or None,
+            max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
         )  # fmt: skip
         _run(None, cfg, out, dead, _Display(quiet, as_json, log_file), wait)
 

@@ -64,6 +64,9 @@ class Config:
     max_outage_s: float = 600.0  # how long to wait for a provider that is down; then exit 4
     max_runtime_s: float | None = None  # stop claiming after this long; exit 5, resumable
     max_cost_usd: float | None = None  # stop claiming before spending more; exit 5, resumable
+    # A reply cut off at max_tokens: "keep" it as a result (counted), or "dead"-letter it for
+    # a replay with more tokens (aiq.stops). Content-filter stops are always kept.
+    on_truncated: str = "keep"
     # Per-model rate limits ({model: {rpm:, tpm:}}); other models get rpm / tpm above.
     model_limits: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     # USD per 1M tokens by model, over pricing.DEFAULT_PRICES ({model: {input:, output:}}).

@@ -21,6 +21,7 @@ import orjson
 
 from .errors import OutputError
 from .records import DEAD, DONE, Source
+from .stops import TRUNCATED
 from .store import JobStore
 
 _BUFFER = 1 << 20
@@ -54,7 +55,7 @@ _RESULT = (
 _DONE = ("custom_id", "k64", "status_code", "request_id", "response")
 _DEAD = (
     "custom_id", "line", "status_code", "attempts", "error_type", "error_message",
-    "first_attempt_at", "finished_at",
+    "first_attempt_at", "finished_at", "request_id", "response",
 )  # fmt: skip
 
 
@@ -231,23 +232,36 @@ async def _write_dead(store: JobStore, source: Source, path: str) -> int:
     n, dumps = 0, orjson.dumps
     with _AtomicFile(path) as f:
         async for rows in store.result_rows(source, state=DEAD, order="input", columns=_DEAD):
-            for custom_id, line, status, attempts, error_type, message, first_at, failed_at in rows:
-                f.write(
-                    dumps(
-                        {
-                            "custom_id": custom_id,
-                            "request": orjson.Fragment(line),
-                            "attempts": attempts,
-                            "error": {
-                                "type": error_type,
-                                "status_code": status,
-                                "message": message,
-                            },
-                            "first_attempt_at": _iso(first_at),
-                            "failed_at": _iso(failed_at),
-                        }
-                    )
-                )
+            for row in rows:
+                (
+                    custom_id,
+                    line,
+                    status,
+                    attempts,
+                    error_type,
+                    message,
+                    first_at,
+                    failed_at,
+                    rid,
+                    body,
+                ) = row
+                dead: dict[str, Any] = {
+                    "custom_id": custom_id,
+                    "request": orjson.Fragment(line),
+                    "attempts": attempts,
+                    "error": {"type": error_type, "status_code": status, "message": message},
+                    "first_attempt_at": _iso(first_at),
+                    "failed_at": _iso(failed_at),
+                }
+                if body is not None and error_type == TRUNCATED:
+                    # A reply that came back and was dead-lettered for how it stopped (cut off
+                    # at max_tokens): billed, so it is kept, as the results line would hold it.
+                    dead["response"] = {
+                        "status_code": status,
+                        "request_id": rid,
+                        "body": orjson.Fragment(_one_line(body)),
+                    }
+                f.write(dumps(dead))
                 f.write(b"\n")
             n += len(rows)
     return n

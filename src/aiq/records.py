@@ -160,7 +160,8 @@ class Replayed:
 
 @dataclass(frozen=True, slots=True)
 class ModelUsage:
-    """Done jobs of one model (None: bodies naming none), their tokens and what they cost."""
+    """Done jobs of one model (None: bodies naming none), their tokens and what they cost
+    (with those of replies dead-lettered by ``--on-truncated dead``: they were billed)."""
 
     model: str | None
     done: int
@@ -235,6 +236,9 @@ class Stats:
     rate_window_s: float = RATE_WINDOW_S
     in_flight: int = 0  # running jobs whose request has gone out; the rest are only claimed
     timeouts: int = 0  # calls that got no reply in time, in all runs: each may be billed
+    truncated: int = 0  # done jobs whose reply was cut off at max_tokens (aiq.stops)
+    truncated_dead: int = 0  # ... dead-lettered for it (--on-truncated dead)
+    filtered: int = 0  # jobs whose reply a content filter stopped (kept as results)
     run: RunState | None = None  # None: not looked at (inside a run, which is the one)
     kinds: TokenKinds = field(default_factory=TokenKinds)  # of the tokens, cached and reasoning
 
@@ -311,6 +315,9 @@ class Stats:
             "not_due": self.not_due,
             "top_errors": [{"type": t, "count": n} for t, n in self.top_errors],
             "timeouts": self.timeouts,
+            "truncated": self.truncated + self.truncated_dead,
+            "truncated_dead": self.truncated_dead,
+            "content_filtered": self.filtered,
             "cost_usd": self.cost_usd,
             "unpriced": self.unpriced,
             "unusable_usage": self.unusable,

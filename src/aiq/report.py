@@ -132,7 +132,7 @@ def cost_lines(s: Stats) -> list[str]:
         total += f" (+ {plural(s.unpriced, 'done job')} of unknown cost)"
     lines = [total]
     for m in s.models:
-        if m.unpriced < m.done:
+        if m.cost_usd is not None:  # (a model may have only billed dead jobs: cut off)
             cost = usd(m.cost_usd)
         elif m.unusable >= m.unpriced:
             cost = "cost unknown (unusable usage)"
@@ -197,6 +197,7 @@ def run_summary_lines(s: RunSummary) -> list[str]:
     )
     if p.unusable:
         lines.append(unusable_line(p.unusable))
+    lines.extend(stop_lines(p.truncated, p.filtered, dead=s.on_truncated == "dead", run=True))
     if p.held_by:
         lines.append(
             f"in flight: at most {p.max_in_flight:,} at once, held back by {p.held_by} "
@@ -233,6 +234,8 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "dead_now": p.dead_now,
         "retries": p.retries,
         "timed_out": p.timeouts,
+        "truncated": p.truncated,
+        "content_filtered": p.filtered,
         "tokens_in": p.tokens_in,
         "tokens_out": p.tokens_out,
         **p.kinds.as_dict(),
@@ -299,6 +302,33 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
         lines.append(
             f"timed out: {plural(s.timeouts, 'call')} got no reply in time (retried; the "
             "provider may still bill them)"
+        )
+    if s.truncated_dead:
+        lines.append(
+            f"cut off: {plural(s.truncated_dead, 'reply', 'replies')} cut off by max_tokens "
+            "were dead-lettered (--on-truncated dead), the replies kept in the dead letters"
+        )
+    lines.extend(stop_lines(s.truncated, s.filtered, dead=False))
+    return lines
+
+
+def stop_lines(truncated: int, filtered: int, *, dead: bool, run: bool = False) -> list[str]:
+    """Replies that stopped short (aiq.stops): billed, and with less than was asked for;
+    ``run``: a run's, which may name the option that would have dead-lettered them."""
+    lines = []
+    if truncated:
+        if dead:
+            kept = "dead-lettered (--on-truncated dead)"
+        else:
+            kept = "kept as results" + (" (--on-truncated dead dead-letters them)" if run else "")
+        lines.append(
+            f"cut off: {plural(truncated, 'reply', 'replies')} cut off by max_tokens, {kept}; "
+            "raise max_tokens and run the file again to have them whole"
+        )
+    if filtered:
+        lines.append(
+            f"content filter: {plural(filtered, 'reply', 'replies')} stopped by a content "
+            "filter, kept as results (a replay would likely be refused again)"
         )
     return lines
 

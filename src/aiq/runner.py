@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from . import machine, routing
-from .breaker import CircuitBreaker
+from .breaker import Breakers
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .costs import CostMeter
 from .errors import (
@@ -66,6 +66,7 @@ class RunSummary:
     # "fatal"
     stopped: str | None = None
     duration_s: float = 0.0
+    on_truncated: str = "keep"  # what the run did with replies cut off at max_tokens
 
     @property
     def exit_code(self) -> int:
@@ -251,7 +252,7 @@ async def run_batch(
                 limiter=Limiters(rpm=config.rpm, tpm=config.tpm, per_model=config.model_limits),
                 # Probing a down provider every 10 s at most: one request, and a run resumes
                 # within 10 s of the provider coming back.
-                breaker=CircuitBreaker(probe_cap_s=10.0),
+                breakers=Breakers(probe_cap_s=10.0),
                 retry=RetryPolicy(
                     config.max_attempts,
                     config.backoff_base_s,
@@ -261,6 +262,7 @@ async def run_batch(
                 progress=progress,
                 costs=await _cost_meter(store, config, stats),
                 timeouts=Timeouts(ceiling_s=config.timeout_s),
+                on_truncated=config.on_truncated,
             )
             tick = _ticker(on_progress, metrics)
             try:
@@ -269,7 +271,10 @@ async def run_batch(
                 await transport.aclose()
             # A run that changed nothing leaves files that already say what the store holds.
             exports = await _export_all(store, config, input_path, out, dead, skip_unchanged=True)
-            summary = RunSummary(added, progress, await store.stats(), exports, stopped)
+            summary = RunSummary(
+                added, progress, await store.stats(), exports, stopped,
+                on_truncated=config.on_truncated,
+            )  # fmt: skip
             if stopped in ("interrupted", "limit") and not summary.stats.remaining:
                 summary.stopped = None  # the drain finished every job: a finished run
             if worker.fatal is not None:

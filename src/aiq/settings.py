@@ -178,6 +178,7 @@ SETTINGS: dict[str, tuple[Check, str]] = {
     ),
     "metrics_file": (_optional(_text()), "the path of a file to write metrics to"),
     "order": (_one_of("done", "input"), "done | input"),
+    "on_truncated": (_one_of("keep", "dead"), "keep | dead"),
     "strict": (_yes_no, "true or false"),
     "reroute": (_yes_no, "true or false"),
     "simulated_latency_s": (_number(0), "a number of seconds, 0 or more"),

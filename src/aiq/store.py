@@ -40,7 +40,10 @@ from .records import (
     Target,
 )
 from .requestfile import Prefix, RequestFile
+from .stops import CONTENT_FILTER, TRUNCATED
 from .usage import TokenKinds, Usage
+
+_STOPS = (TRUNCATED, CONTENT_FILTER)  # error types of a done job: how its reply stopped short
 
 _PRAGMAS = (
     "PRAGMA journal_mode = WAL",
@@ -646,6 +649,7 @@ class JobStore:
         counts = dict.fromkeys(STATE_NAMES, 0)
         tokens_in = tokens_out = recent = in_flight = timeouts = 0
         kinds = TokenKinds()
+        stops: dict[tuple[int, str], int] = {}  # (state, stop) -> replies that stopped short
         oldest: float | None = None
         errors: dict[str, int] = {}
         models: dict[str | None, _ModelSums] = {}
@@ -661,6 +665,14 @@ class JobStore:
             tokens_out += t_out
             row_kinds = TokenKinds(*row[13:17])
             kinds.add(row_kinds)
+            if error_type in _STOPS and state in (DONE, DEAD):  # aiq.stops; billed replies
+                stops[state, error_type] = stops.get((state, error_type), 0) + n
+                if state == DEAD and cost is not None:  # dead by --on-truncated: billed
+                    m = models.setdefault(model, _ModelSums())
+                    m.tokens_in += t_in
+                    m.tokens_out += t_out
+                    m.cost_usd = (m.cost_usd or 0.0) + cost
+                    m.kinds.add(row_kinds)
             if state == DONE:
                 recent += n_recent
                 m = models.setdefault(model, _ModelSums())
@@ -692,6 +704,9 @@ class JobStore:
             not_due=not_due,
             timeouts=timeouts,
             kinds=kinds,
+            truncated=stops.get((DONE, TRUNCATED), 0),
+            truncated_dead=stops.get((DEAD, TRUNCATED), 0),
+            filtered=stops.get((DONE, CONTENT_FILTER), 0) + stops.get((DEAD, CONTENT_FILTER), 0),
         )
 
     async def count_jobs(self) -> int:

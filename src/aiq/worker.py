@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import backoff, tokens
-from .breaker import OUTAGE_ERRORS, CircuitBreaker
+from .breaker import OUTAGE_ERRORS, Breakers
 from .concurrency import AutoConcurrency
 from .costs import Charge, CostMeter
 from .durations import duration_text
@@ -26,6 +26,7 @@ from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError, Reply
 from .records import DEAD, DONE, QUEUED, Job, Outcome
 from .refusals import RefusalStreak
+from .stops import TRUNCATED, stop_message
 from .store import JobStore
 from .timeouts import Timeouts
 from .usage import TokenKinds
@@ -76,6 +77,8 @@ class Progress:
     outage_s: float = 0.0  # how long the provider has been down (0: it is up)
     last_error: str = ""  # the provider's last outage-like error (server, timeout, connection)
     timeouts: int = 0  # calls that got no reply in time: the provider may still bill them
+    truncated: int = 0  # replies cut off at max_tokens (done or, --on-truncated dead, dead)
+    filtered: int = 0  # replies stopped by a content filter (kept as results)
     limits: str | None = None  # the limits in force (aiq.waits), None: none known
     waiting: str | None = None  # what the run waits for, when it waits (aiq.waits)
     tokens_in: int = 0
@@ -133,13 +136,16 @@ class Worker:
         max_concurrency: int = 256,
         held_by: str | None = None,
         limiter: RateLimiter | Limiters | None = None,
-        breaker: CircuitBreaker | None = None,
+        breakers: Breakers | None = None,
         retry: RetryPolicy = RetryPolicy(),
         progress: Progress | None = None,
         costs: CostMeter | None = None,
         timeouts: Timeouts | None = None,
+        on_truncated: str = "keep",
     ) -> None:
         self._store = store
+        # --on-truncated: "dead" dead-letters a reply cut off at max_tokens (aiq.stops).
+        self._dead_truncated = on_truncated == "dead"
         self._provider = provider
         if isinstance(limiter, RateLimiter):
             limiter = Limiters.shared(limiter)
@@ -150,7 +156,8 @@ class Worker:
             concurrency = self._auto.size  # may send now
         self._concurrency = concurrency
         self._senders: list[asyncio.Task[None]] = []
-        self._breaker = breaker or CircuitBreaker()
+        # One circuit breaker per endpoint and model (aiq.breaker.Breakers).
+        self._breakers = breakers or Breakers()
         self._refusals = RefusalStreak()
         # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
         self._timeouts = timeouts
@@ -237,7 +244,7 @@ class Worker:
         retry_in_s = None
         if not self._claimed and self._next_due_at is not None:
             retry_in_s = self._next_due_at - now
-        if self._breaker.is_open or p.outage_s or p.done + p.dead >= p.total:
+        if self._breakers.all_down or p.outage_s or p.done + p.dead >= p.total:
             p.waiting = None  # the outage note says it, or nothing is left to wait for
         else:
             p.waiting = waiting_text(models, now=now, in_flight=p.in_flight, retry_in_s=retry_in_s)
@@ -316,7 +323,7 @@ class Worker:
         room = _AHEAD * self._concurrency - (len(self._claimed) - len(batch) - len(deferred))
         if room < self._concurrency:  # claiming a few at a time would cost a commit each
             room = 0
-        if self._breaker.is_open:
+        if self._breakers.all_down:
             # The provider is down: claim nothing more, but one job for the probe.
             room = 0 if self._claimed else 1
         if not batch and not room and not sent and not deferred:
@@ -368,13 +375,26 @@ class Worker:
                     p.unpriced += 1
                 else:
                     p.cost_usd += o.cost_usd
+                if o.error_type is not None:  # a reply that stopped short (aiq.stops)
+                    self._count_stop(o)
             elif o.state == DEAD:
                 p.dead += 1
                 p.dead_now += 1
+                if o.response is not None:  # a reply cut off, dead by --on-truncated: billed
+                    p.tokens_in += o.tokens_in or 0
+                    p.tokens_out += o.tokens_out or 0
+                    p.cost_usd += o.cost_usd or 0.0
+                    self._count_stop(o)
             elif o.next_at:  # a retry; a fatal error's job is requeued with no retry time
                 p.retries += 1
         # A job added since the last count may be finished before the next: never done > total.
         p.total = max(p.total, p.done + p.dead)
+
+    def _count_stop(self, o: Outcome) -> None:
+        if o.error_type == TRUNCATED:
+            self.progress.truncated += 1
+        else:
+            self.progress.filtered += 1
 
     # -- the sending side ----------------------------------------------------------------
 
@@ -402,12 +422,12 @@ class Worker:
     async def _send(self, job: Job) -> None:
         """Wait for the provider and the budget, then send (released back to queued by run()
         if stopped meanwhile, or if the job would pass --max-cost)."""
-        # The breaker is nearly always closed: then no wait, and no coroutine to find that out.
-        up = not (self._breaker.is_open or self.progress.outage_s)
-        if not up and not await self._provider_up(job):
+        model = job.model if isinstance(job.model, str) else None
+        # The breakers are nearly always closed: then no wait, and no coroutine to find that out.
+        up = not (self._breakers.any_open or self.progress.outage_s)
+        if not up and not await self._provider_up(job, model):
             return
         try:
-            model = job.model if isinstance(job.model, str) else None
             charge = self.costs.charge(job.body, model)
             if self.costs.cap_usd is not None and not await self.costs.admit(charge):
                 self.stop()  # --max-cost: nothing more fits; what is in flight finishes
@@ -419,7 +439,7 @@ class Worker:
         finally:
             if job.id in self._probe_jobs:  # let out as the probe, but never sent
                 self._probe_jobs.discard(job.id)
-                self._breaker.cancel_probe()
+                self._breakers.get((job.endpoint, model)).cancel_probe()
 
     async def _send_admitted(self, job: Job, model: str | None, charge: Charge) -> None:
         """Wait for the limiter, send, and hand the outcome to the store."""
@@ -523,21 +543,24 @@ class Worker:
         async with self._auto.pacing():
             return await limiter.acquire(cost.prompt, cost.reserved)
 
-    async def _provider_up(self, job: Job) -> bool:
-        """Wait while the circuit breaker is open; False if the run stops meanwhile. A job
-        let out while it is open is its probe: only the probe's failure counts while open."""
-        breaker = self._breaker
-        while (wait := breaker.admit()) > 0:
-            self.progress.outage_s = breaker.outage_s()
-            if breaker.never_reached():
+    async def _provider_up(self, job: Job, model: str | None) -> bool:
+        """Wait while the provider is down (every model's breaker open) and this job's model's
+        breaker holds it; False if the run stops meanwhile. A job let out while it is open is
+        its probe: only the probe's failure counts while open. While other models answer, a
+        model whose breaker is open is broken, not down: its jobs go, and use up attempts."""
+        breakers = self._breakers
+        breaker = breakers.get((job.endpoint, model))
+        while breakers.all_down and (wait := breaker.admit()) > 0:
+            self.progress.outage_s = breakers.outage_s()
+            if breakers.never_reached():
                 self._give_up_on_endpoint()
             elif self.progress.outage_s > self._retry.max_outage_s:
                 self._give_up_on_provider()
             if self._stop:
                 return False
             await asyncio.sleep(min(wait, 0.5))
-        self.progress.outage_s = breaker.outage_s()
-        if breaker.is_open:
+        self.progress.outage_s = breakers.outage_s()
+        if breaker.is_open and breakers.all_down:
             self._probe_jobs.add(job.id)
         return not self._stop
 
@@ -587,14 +610,14 @@ class Worker:
         limiter.settle(ticket, reply.tokens_in)
         if self._probe_jobs:
             self._probe_jobs.discard(job.id)
-        self._breaker.record(False)
+        self._breakers.record((job.endpoint, charge.model), False)
         self._refusals.succeeded()
         if self._timeouts is not None:
             self._learned(charge.model, finished - started)
         auto = self._auto
         if auto is not None and auto.observe(finished - started, self.progress.in_flight):
             self._resized()
-        return Outcome(
+        out = Outcome(
             job.id,
             DONE,
             job.attempts + 1,
@@ -608,6 +631,15 @@ class Worker:
             model=charge.model,
             cost_usd=self.costs.settle(charge, reply.usage),
         )
+        if (stop := reply.stop) is not None:
+            # Stored as sent either way, its stop named in error_type (status counts it); a
+            # cut-off reply is dead with --on-truncated dead, for a replay with more tokens.
+            dead = stop.kind == TRUNCATED and self._dead_truncated
+            out.error_type = stop.kind
+            out.error_message = stop_message(stop, reply.tokens_out, dead=dead)
+            if dead:
+                out.state = DEAD
+        return out
 
     def _failure(self, job: Job, err: ProviderError, started: float, ticket: Ticket) -> Outcome:
         """Classify a failed attempt: retry later, dead-letter, or stop the run.
@@ -638,10 +670,14 @@ class Worker:
             self.progress.timeouts += 1
         probe = job.id in self._probe_jobs
         self._probe_jobs.discard(job.id)
-        breaker = self._breaker
-        breaker.record(outage_like, probe=probe, unreachable=err.unreachable, took_s=now - started)
-        down = outage_like and breaker.is_open
-        never_reached = err.unreachable and not breaker.reached
+        breakers = self._breakers
+        key = (job.endpoint, job.model if isinstance(job.model, str) else None)
+        breakers.record(
+            key, outage_like, probe=probe, unreachable=err.unreachable, took_s=now - started
+        )
+        # Down: every model fails so (not only this one), which is the provider's doing.
+        down = outage_like and breakers.all_down
+        never_reached = err.unreachable and not breakers.reach.reached
         own_fault = not (err.fatal or rate_limited or down or never_reached)
         out = Outcome(
             job.id,
@@ -659,7 +695,7 @@ class Worker:
             self.fatal = self.fatal or err
             self.stop()
             return out
-        if never_reached and breaker.never_reached():
+        if never_reached and breakers.never_reached():
             self._give_up_on_endpoint()
             return out
         # A 429 costs no attempt, so its backoff grows with the run's streak of refusals.
@@ -682,6 +718,12 @@ class Worker:
             return out
         if not err.retryable or out.attempts >= self._retry.max_attempts:
             out.state, out.finished_at = DEAD, now
+            if outage_like and breakers.broken(key):
+                out.error_message = (
+                    f"{err.message}; most calls to {key[1] or 'this model'} failed so while other "
+                    "models answered: its deployment may be down. Once it answers, run aiq "
+                    f"replay-dead --error {err.error_type}, then aiq resume"
+                )
             return out
         out.next_at = now + wait_s
         return out

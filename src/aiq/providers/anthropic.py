@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..stops import anthropic_stop
 from ..usage import anthropic_usage
 from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
 from .base import (
@@ -120,4 +121,5 @@ def _reply(resp: httpx.Response, raw: bytes, secret: str | None) -> Reply:
             retryable=True,
         )
     request_id, limits = reply_headers(resp.headers, b"request-id")
-    return Reply.of(raw, request_id or data.get("id"), anthropic_usage(data.get("usage")), limits)
+    usage = anthropic_usage(data.get("usage"))
+    return Reply.of(raw, request_id or data.get("id"), usage, limits, anthropic_stop(data))

@@ -17,6 +17,7 @@ from ..ratelimit_headers import (
     parse_rate_limit_headers,
     read_rate_limits,
 )
+from ..stops import Stop
 from ..usage import Usage
 
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
@@ -77,6 +78,7 @@ class Reply:
     # Its usage by kind (aiq.usage), priced kind by kind. None: the reply's usage was missing
     # or unusable (not counts), so its cost is unknown; tokens_in and tokens_out are then 0.
     usage: Usage | None = None
+    stop: Stop | None = None  # how it stopped short (max_tokens, a content filter); aiq.stops
 
     @classmethod
     def of(
@@ -85,11 +87,12 @@ class Reply:
         request_id: str | None,
         usage: Usage | None,
         limits: RateLimitInfo | None,
+        stop: Stop | None = None,
     ) -> Reply:
         """A 200 reply with its usage, unusable or not."""
         if usage is None:
-            return cls(200, body, request_id, 0, 0, limits, None)
-        return cls(200, body, request_id, usage.tokens_in, usage.tokens_out, limits, usage)
+            return cls(200, body, request_id, 0, 0, limits, None, stop)
+        return cls(200, body, request_id, usage.tokens_in, usage.tokens_out, limits, usage, stop)
 
 
 class ProviderError(Exception):

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ..stops import openai_stop
 from ..usage import openai_usage
 from .base import (
     ProviderError,
@@ -133,4 +134,5 @@ class OpenAIProvider:
             )
         request_id, limits = reply_headers(resp.headers, b"x-request-id")
         usage = openai_usage(data.get("usage"))
-        return Reply.of(content, request_id or data.get("id"), usage, limits)
+        stop = openai_stop(endpoint, data)
+        return Reply.of(content, request_id or data.get("id"), usage, limits, stop)
