@@ -135,7 +135,15 @@ def _reply(resp: httpx.Response, raw: bytes, secret: str | None) -> Reply:
         token_count(usage.get("output_tokens")),
         limits,
         billed_in=_billed_in(usage, fresh, written, read) if written or read else None,
+        limited_in=fresh + written + (read if _reads_count(data.get("model")) else 0),
     )
+
+
+def _reads_count(model: object) -> bool:
+    """Whether ``model``'s input-token limit counts cache reads: only Claude Haiku 3.5's does
+    (Anthropic's rate-limits page: "cache_read_input_tokens do not count towards ITPM",
+    except for the models it marks, Haiku 3.5)."""
+    return isinstance(model, str) and model.startswith(("claude-3-5-haiku", "claude-haiku-3-5"))
 
 
 def _billed_in(usage: dict[str, Any], fresh: int, written: int, read: int) -> float:

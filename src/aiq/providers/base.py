@@ -76,6 +76,9 @@ class Reply:
     # The prompt in tokens at the input price, when the provider prices parts of it otherwise
     # (Anthropic's prompt cache); None: tokens_in.
     billed_in: float | None = None
+    # The prompt tokens the provider's input-token limit counts, when not all of them
+    # (Anthropic's ITPM leaves out cache reads); None: tokens_in.
+    limited_in: int | None = None
 
 
 class ProviderError(Exception):

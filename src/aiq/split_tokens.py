@@ -1,0 +1,203 @@
+"""Input and output token limits apart (Anthropic's ITPM and OTPM), each its own Budget.
+
+Anthropic limits the input tokens and the output tokens of a model per minute separately, and
+counts each its own way (its rate-limits page, docs.anthropic.com/en/api/rate-limits;
+../shared/PROVIDERS.md):
+
+- **ITPM** counts ``input_tokens + cache_creation_input_tokens``; cache reads are free
+  (except on Claude Haiku 3.5). A request is booked at its prompt estimate times the ratio
+  learned from replies of counted input to estimate (so a prompt-cached batch learns that
+  most of its prompt is free), and settled at what the reply says was counted.
+- **OTPM** counts the tokens generated. Anthropic "estimates" it from ``max_tokens`` at the
+  start of a request and adjusts it to the real figure at the end, so what a minute allows is
+  the output really generated: a request is booked at the mean output of the replies so far
+  (capped by its ``max_tokens``), not at ``max_tokens``, and settled at its ``output_tokens``.
+
+Neither budget sends what the provider's bucket holds at once: a sharp rise in usage is what
+Anthropic's *acceleration limits* refuse ("ramp up your traffic gradually"), and every
+request arriving together reserves its whole ``max_tokens`` of output. So both are paced,
+and a large limit (:data:`RAMP_FROM_PER_MINUTE` or more) is ramped up from the run's first
+request: :class:`Ramp`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from .budget import WINDOW_S, Budget, _Entry
+from .ratelimit_headers import RateLimitInfo
+
+__all__ = ["RAMP_FROM_PER_MINUTE", "RAMP_S", "RAMP_START_SHARE", "Ramp", "SplitTokens"]
+
+# A limit this large (tokens per minute) is ramped up to at the start of a run, a smaller one
+# used at once: acceleration limits guard against sharp rises in a large organization's usage
+# (Anthropic names no figure; Tier 1's 30,000 ITPM / 8,000 OTPM is not one, Tier 2's 450,000
+# ITPM is).
+RAMP_FROM_PER_MINUTE = 100_000
+# The ramp's shape: the pace starts at this share of the limit and rises linearly to all of
+# it over RAMP_S seconds from the run's first request (5/8 of a minute's worth in the first
+# minute, the whole pace after it).
+RAMP_START_SHARE = 0.25
+RAMP_S = 60.0
+
+
+class Ramp:
+    """A pace rising from :data:`RAMP_START_SHARE` of a limit to all of it over
+    :data:`RAMP_S` seconds from ``started_at``: a virtual clock like the budget's, each booking
+    moving it by its cost at the share of the limit its time allows. After the ramp it holds
+    nothing back."""
+
+    def __init__(self, started_at: float) -> None:
+        self.started_at = started_at
+        self._tat = -math.inf
+
+    def share(self, at: float) -> float:
+        """The share of the limit the ramp allows at ``at``."""
+        rise = (1.0 - RAMP_START_SHARE) * max(0.0, at - self.started_at) / RAMP_S
+        return min(1.0, RAMP_START_SHARE + rise)
+
+    def ready_at(self, at: float) -> float:
+        return max(at, self._tat)
+
+    def book(self, at: float, cost: float, per_minute_s: float) -> None:
+        """Book ``cost`` at ``at`` against a limit paced at ``per_minute_s`` a second."""
+        share = self.share(at)
+        if share < 1.0:
+            self._tat = max(self._tat, at) + cost / (per_minute_s * share)
+
+
+class _Mean:
+    """A mean of recent figures: a plain mean first, then a moving average."""
+
+    __slots__ = ("samples", "value")
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.samples = 0
+
+    def update(self, figure: float) -> None:
+        self.samples += 1
+        self.value += max(0.05, 1.0 / self.samples) * (figure - self.value)
+
+
+class SplitTokens:
+    """The input and output token budgets of one model, learned from the provider's headers.
+
+    ``started_at`` is when the run's first request was booked: a ramp starts there.
+    """
+
+    def __init__(self, *, headroom: float, started_at: float) -> None:
+        self._headroom = headroom
+        self._started_at = started_at
+        self.input: Budget | None = None
+        self.output: Budget | None = None
+        self._ramps: dict[str, Ramp] = {}
+        self._input_ratio = _Mean(1.0)  # counted input over the prompt estimate
+        self._counted = _Mean(0.0)  # counted input tokens a reply
+        self._output = _Mean(0.0)  # output tokens a reply
+
+    def budgets(self) -> Iterator[Budget]:
+        return (b for b in (self.input, self.output) if b is not None)
+
+    def costs(self, prompt_estimate: int, reserved: int) -> tuple[float, float]:
+        """What one request is booked at: (input, output) tokens."""
+        output = self._output.value if self._output.samples else float(reserved)
+        if reserved > 0:
+            output = min(output, float(reserved))
+        return prompt_estimate * self._input_ratio.value, output
+
+    def _each(self, costs: tuple[float, float]) -> Iterator[tuple[str, Budget, float]]:
+        for kind, budget, cost in (
+            ("input", self.input, costs[0]),
+            ("output", self.output, costs[1]),
+        ):
+            if budget is not None and cost > 0:
+                # Output over the whole limit still fits: only the tokens generated count.
+                yield kind, budget, min(cost, budget.per_minute) if kind == "output" else cost
+
+    def ready_at(self, at: float, costs: tuple[float, float]) -> float:
+        """The first time from ``at`` that ``costs`` fit both budgets (and their ramps)."""
+        for kind, budget, cost in self._each(costs):
+            at = budget.ready_at(at, cost)
+            if (ramp := self._ramps.get(kind)) is not None:
+                at = ramp.ready_at(at)
+        return at
+
+    def pace_s(self, costs: tuple[float, float]) -> float:
+        """How far one booking of ``costs`` moves the slower budget's pace."""
+        return max((b.pace_s(c) for _, b, c in self._each(costs)), default=0.0)
+
+    def book(self, at: float, costs: tuple[float, float]) -> tuple[_Entry | None, _Entry | None]:
+        """Book ``costs`` at ``at`` (from :meth:`ready_at`); the (input, output) entries."""
+        entries: dict[str, _Entry] = {}
+        for kind, budget, cost in self._each(costs):
+            entries[kind] = budget.book(at, cost)
+            if (ramp := self._ramps.get(kind)) is not None:
+                ramp.book(at, cost, budget.per_minute * self._headroom / WINDOW_S)
+        return entries.get("input"), entries.get("output")
+
+    def forget(self, entries: tuple[_Entry | None, _Entry | None]) -> None:
+        for budget, entry in zip((self.input, self.output), entries, strict=True):
+            if budget is not None and entry is not None:
+                budget.forget(entry)
+
+    def settle(
+        self,
+        entries: tuple[_Entry | None, _Entry | None],
+        prompt_estimate: int,
+        *,
+        counted_in: int | None,
+        output_tokens: int,
+    ) -> None:
+        """A reply's usage: ``counted_in`` input tokens the input limit counts (None: the
+        reply said nothing), ``output_tokens`` generated (0: unknown)."""
+        entry_in, entry_out = entries
+        if counted_in is not None:
+            self._counted.update(counted_in)
+            if prompt_estimate > 0:
+                self._input_ratio.update(counted_in / prompt_estimate)
+            if entry_in is not None and self.input is not None:
+                self.input.settle(entry_in, counted_in)
+        if output_tokens > 0:
+            self._output.update(output_tokens)
+            if entry_out is not None and self.output is not None:
+                self.output.settle(entry_out, output_tokens)
+
+    def sync(
+        self,
+        now: float,
+        info: RateLimitInfo,
+        entries: tuple[_Entry | None, _Entry | None],
+        *,
+        minute_left_s: float,
+    ) -> bool:
+        """Follow the reply's input and output headers (:meth:`Budget.sync`), learning a
+        budget the first time its limit shows; True if slots booked ahead are to be booked
+        again."""
+        rebook = False
+        windows = (("input", info.input_tokens), ("output", info.output_tokens))
+        for (kind, window), entry in zip(windows, entries, strict=True):
+            budget = self.input if kind == "input" else self.output
+            if budget is None:
+                if not window.limit:
+                    continue
+                budget = Budget(window.limit, headroom=self._headroom, configured=False)
+                budget.burst_off = True  # paced, never sent at once (the module docstring)
+                if kind == "input":
+                    self.input = budget
+                else:
+                    self.output = budget
+                if window.limit >= RAMP_FROM_PER_MINUTE:
+                    self._ramps[kind] = Ramp(self._started_at)
+            rebook = budget.sync(now, window, entry, minute_left_s=minute_left_s) or rebook
+        return rebook
+
+    def requests_per_s(self) -> float | None:
+        """The requests a second both budgets allow at the mean costs seen (None: unknown)."""
+        rates = []
+        for budget, mean in ((self.input, self._counted), (self.output, self._output)):
+            if budget is None or not mean.samples or mean.value <= 0:
+                continue
+            rates.append(budget.per_minute * self._headroom / WINDOW_S / mean.value)
+        return min(rates) if rates else None
