@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .budget import HEADROOM, WINDOW_S, Budget, RequestTooLarge, _Entry
 from .ratelimit_headers import RateLimitInfo
-from .split_tokens import SplitTokens
+from .split_tokens import NO_SPLIT, SplitCost, SplitTokens
 
 __all__ = ["HEADROOM", "WINDOW_S", "Budget", "Limiters", "RateLimiter", "RequestTooLarge", "Ticket"]
 
@@ -40,8 +40,7 @@ class Ticket:
     request: _Entry | None = None
     tokens: _Entry | None = None
     cost: float = 0.0
-    # Input and output tokens apart (Anthropic's limits): what was booked, and its entries.
-    split_cost: tuple[float, float] = (0.0, 0.0)
+    # Input and output tokens apart (Anthropic's limits): the entries booked.
     split: tuple[_Entry | None, _Entry | None] = (None, None)
 
 
@@ -224,7 +223,7 @@ class RateLimiter:
         """
         now = self._clock()
         cost = prompt_tokens * self._prompt.ratio + reserved
-        split = self._split.costs(prompt_tokens, reserved) if self._split else (0.0, 0.0)
+        split = self._split.costs(prompt_tokens, reserved) if self._split else NO_SPLIT
         at = self._ready_at(max(now, self._paused_until), cost, split)
         if at - now <= after_s:
             return None
@@ -237,7 +236,7 @@ class RateLimiter:
         self._deferred_until = at + pace
         return at - now
 
-    def _ready_at(self, at: float, cost: float, split: tuple[float, float] = (0.0, 0.0)) -> float:
+    def _ready_at(self, at: float, cost: float, split: SplitCost = NO_SPLIT) -> float:
         """The first time from ``at`` that one request of ``cost`` tokens (``split``: input
         and output tokens apart) fits every budget."""
         requests, tokens = self._requests, self._tokens
@@ -259,7 +258,7 @@ class RateLimiter:
         if self._first_at is None:
             self._first_at = now
         cost = ticket.prompt_estimate * self._prompt.ratio + ticket.reserved
-        split = (0.0, 0.0)
+        split = NO_SPLIT
         if self._split is not None:
             split = self._split.costs(ticket.prompt_estimate, ticket.reserved)
         at = self._ready_at(max(now, self._paused_until), cost, split)
@@ -269,7 +268,7 @@ class RateLimiter:
             ticket.tokens = self._tokens.book(at, cost)
         if self._split is not None:
             ticket.split = self._split.book(at, split)
-        ticket.cost, ticket.split_cost = cost, split
+        ticket.cost = cost
         return at
 
     def refund(self, ticket: Ticket) -> None:

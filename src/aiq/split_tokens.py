@@ -24,11 +24,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from .budget import WINDOW_S, Budget, _Entry
-from .ratelimit_headers import RateLimitInfo
+from .ratelimit_headers import RateLimitInfo, Window
 
-__all__ = ["RAMP_FROM_PER_MINUTE", "RAMP_S", "RAMP_START_SHARE", "Ramp", "SplitTokens"]
+__all__ = [
+    "NO_SPLIT",
+    "RAMP_FROM_PER_MINUTE",
+    "RAMP_S",
+    "RAMP_START_SHARE",
+    "Ramp",
+    "SplitCost",
+    "SplitTokens",
+]
 
 # A limit this large (tokens per minute) is ramped up to at the start of a run, a smaller one
 # used at once: acceleration limits guard against sharp rises in a large organization's usage
@@ -40,6 +49,28 @@ RAMP_FROM_PER_MINUTE = 100_000
 # minute, the whole pace after it).
 RAMP_START_SHARE = 0.25
 RAMP_S = 60.0
+
+
+# Slots booked ahead further than the pace puts them, when a sample says they fit now (booked
+# under an older, tighter one), are booked again: looked at most this often.
+_STALE_CHECK_S = 1.0
+# ...and only when they would go this much sooner.
+_STALE_BY_S = 5.0
+# Anthropic rounds the token ``remaining`` it reports (to the thousand); its ``reset`` says when
+# the bucket is full again, which gives the level more closely, within this of ``remaining``.
+_ROUNDING = 1000
+
+
+class SplitCost(NamedTuple):
+    """What one request is booked at: ``input`` and ``output`` tokens; ``reserve`` is the
+    output the provider holds for it on arrival (its ``max_tokens``), which must fit then."""
+
+    input: float
+    output: float
+    reserve: float
+
+
+NO_SPLIT = SplitCost(0.0, 0.0, 0.0)
 
 
 class Ramp:
@@ -65,6 +96,20 @@ class Ramp:
         share = self.share(at)
         if share < 1.0:
             self._tat = max(self._tat, at) + cost / (per_minute_s * share)
+
+
+def _unrounded(window: Window) -> Window:
+    """``window`` with the level its reset implies for a bucket (``limit`` refilled over a
+    minute, full at the reset) in place of the rounded ``remaining``, when within rounding of
+    it: 7,000 reported of 8,000 may be 7,999, a sixth of a minute's worth more; the reset
+    says which, and a sample that agrees shows a bucket (:meth:`Budget.sync`)."""
+    limit, remaining, reset = window.limit, window.remaining, window.reset_s
+    if not limit or remaining is None or reset is None:
+        return window
+    level = limit - reset * limit / WINDOW_S
+    if remaining - 1 <= level < remaining + _ROUNDING:
+        return Window(limit, max(remaining, math.floor(level)), reset)
+    return window
 
 
 class _Mean:
@@ -96,51 +141,65 @@ class SplitTokens:
         self._input_ratio = _Mean(1.0)  # counted input over the prompt estimate
         self._counted = _Mean(0.0)  # counted input tokens a reply
         self._output = _Mean(0.0)  # output tokens a reply
+        # Output booked and not settled yet, with what the provider holds for it beyond its
+        # estimate (its max_tokens reserved on arrival, given back at the end).
+        self._held: dict[int, tuple[_Entry, float]] = {}
+        # What the last request booked in each budget cost, and needed to fit on arrival.
+        self._last: dict[int, tuple[float, float]] = {}
+        self._stale_check_at = -math.inf
 
     def budgets(self) -> Iterator[Budget]:
         return (b for b in (self.input, self.output) if b is not None)
 
-    def costs(self, prompt_estimate: int, reserved: int) -> tuple[float, float]:
-        """What one request is booked at: (input, output) tokens."""
+    def costs(self, prompt_estimate: int, reserved: int) -> SplitCost:
+        """What one request of ``prompt_estimate`` tokens and ``max_tokens`` ``reserved``
+        (0: not said) is booked at."""
         output = self._output.value if self._output.samples else float(reserved)
         if reserved > 0:
             output = min(output, float(reserved))
-        return prompt_estimate * self._input_ratio.value, output
+        return SplitCost(prompt_estimate * self._input_ratio.value, output, float(reserved))
 
-    def _each(self, costs: tuple[float, float]) -> Iterator[tuple[str, Budget, float]]:
-        for kind, budget, cost in (
-            ("input", self.input, costs[0]),
-            ("output", self.output, costs[1]),
-        ):
-            if budget is not None and cost > 0:
-                # Output over the whole limit still fits: only the tokens generated count.
-                yield kind, budget, min(cost, budget.per_minute) if kind == "output" else cost
+    def _each(self, costs: SplitCost) -> Iterator[tuple[str, Budget, float, float]]:
+        """(kind, budget, cost booked, cost that must fit now) of each budget ``costs`` uses."""
+        if self.input is not None and costs.input > 0:
+            yield "input", self.input, costs.input, costs.input
+        if self.output is not None and costs.output > 0:
+            # Over the whole limit still fits: only the tokens generated count in the end.
+            limit = self.output.per_minute
+            yield "output", self.output, min(costs.output, limit), min(costs.reserve, limit)
 
-    def ready_at(self, at: float, costs: tuple[float, float]) -> float:
-        """The first time from ``at`` that ``costs`` fit both budgets (and their ramps)."""
-        for kind, budget, cost in self._each(costs):
-            at = budget.ready_at(at, cost)
+    def ready_at(self, at: float, costs: SplitCost) -> float:
+        """The first time from ``at`` that ``costs`` fit both budgets (and their ramps): the
+        output's pace at its estimate, and what the provider reserves on arrival, its whole
+        ``max_tokens``, left in its bucket or window then."""
+        for kind, budget, cost, fit in self._each(costs):
+            at = budget.ready_at(at, max(cost, fit))
             if (ramp := self._ramps.get(kind)) is not None:
                 at = ramp.ready_at(at)
         return at
 
-    def pace_s(self, costs: tuple[float, float]) -> float:
+    def pace_s(self, costs: SplitCost) -> float:
         """How far one booking of ``costs`` moves the slower budget's pace."""
-        return max((b.pace_s(c) for _, b, c in self._each(costs)), default=0.0)
+        return max((b.pace_s(c) for _, b, c, _ in self._each(costs)), default=0.0)
 
-    def book(self, at: float, costs: tuple[float, float]) -> tuple[_Entry | None, _Entry | None]:
+    def book(self, at: float, costs: SplitCost) -> tuple[_Entry | None, _Entry | None]:
         """Book ``costs`` at ``at`` (from :meth:`ready_at`); the (input, output) entries."""
         entries: dict[str, _Entry] = {}
-        for kind, budget, cost in self._each(costs):
+        for kind, budget, cost, fit in self._each(costs):
             entries[kind] = budget.book(at, cost)
+            self._last[id(budget)] = (cost, max(cost, fit))
             if (ramp := self._ramps.get(kind)) is not None:
                 ramp.book(at, cost, budget.per_minute * self._headroom / WINDOW_S)
-        return entries.get("input"), entries.get("output")
+        if (out := entries.get("output")) is not None and costs.reserve > out.cost:
+            self._held[id(out)] = (out, costs.reserve - out.cost)
+        return entries.get("input"), out
 
     def forget(self, entries: tuple[_Entry | None, _Entry | None]) -> None:
         for budget, entry in zip((self.input, self.output), entries, strict=True):
             if budget is not None and entry is not None:
                 budget.forget(entry)
+        if entries[1] is not None:
+            self._held.pop(id(entries[1]), None)
 
     def settle(
         self,
@@ -153,6 +212,8 @@ class SplitTokens:
         """A reply's usage: ``counted_in`` input tokens the input limit counts (None: the
         reply said nothing), ``output_tokens`` generated (0: unknown)."""
         entry_in, entry_out = entries
+        if entry_out is not None:
+            self._held.pop(id(entry_out), None)
         if counted_in is not None:
             self._counted.update(counted_in)
             if prompt_estimate > 0:
@@ -190,8 +251,40 @@ class SplitTokens:
                     self.output = budget
                 if window.limit >= RAMP_FROM_PER_MINUTE:
                     self._ramps[kind] = Ramp(self._started_at)
+            window = _unrounded(window)
+            if kind == "output":
+                window = self._given_back(now, window, entry)
             rebook = budget.sync(now, window, entry, minute_left_s=minute_left_s) or rebook
+            rebook = rebook or self._stale_ahead(now, budget, window)
         return rebook
+
+    def _stale_ahead(self, now: float, budget: Budget, window: Window) -> bool:
+        """Whether slots booked ahead were booked under a tighter sample than this one: what
+        it says is left fits a request now, yet the first slot ahead is further than the
+        pace alone puts it. (A sample taken while many requests ran, each holding its
+        ``max_tokens``, looks far from full; the next may show them given back.)"""
+        if now < self._stale_check_at or window.remaining is None:
+            return False
+        self._stale_check_at = now + _STALE_CHECK_S
+        first = budget.next_booked(now)
+        cost, fit = self._last.get(id(budget), (0.0, 0.0))
+        if first is None or window.remaining < fit:
+            return False
+        return first > now + budget.pace_s(cost) + _STALE_BY_S
+
+    def _given_back(self, now: float, window: Window, answered: _Entry | None) -> Window:
+        """The output ``window`` as it will be once the requests in flight give back the
+        ``max_tokens`` the provider holds for them beyond their estimate: a sample taken while
+        they run would otherwise hold back the pace for a minute's refill of tokens that are
+        never generated (the reply to ``answered`` has given its own back)."""
+        held = sum(extra for e, extra in self._held.values() if e.at <= now and e is not answered)
+        if not held or window.remaining is None or not window.limit:
+            return window
+        remaining = min(window.limit, window.remaining + held)
+        reset = window.reset_s
+        if reset is not None:
+            reset = max(0.0, reset - (remaining - window.remaining) * WINDOW_S / window.limit)
+        return Window(window.limit, math.floor(remaining), reset)
 
     def requests_per_s(self) -> float | None:
         """The requests a second both budgets allow at the mean costs seen (None: unknown)."""
