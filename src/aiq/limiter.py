@@ -306,12 +306,15 @@ class RateLimiter:
         if self._split is not None:
             if counted_in is None and prompt_tokens > 0:
                 counted_in = prompt_tokens
-            self._split.settle(
+            now = self._clock()
+            if self._split.settle(
                 ticket.split,
                 ticket.prompt_estimate,
                 counted_in=counted_in,
                 output_tokens=output_tokens,
-            )
+                now=now,
+            ):
+                self._rebook_all(now)
 
     def observe(self, info: RateLimitInfo | None, ticket: Ticket | None = None) -> None:
         """Follow the provider's rate-limit headers from the reply (or error) to ``ticket``
@@ -350,11 +353,16 @@ class RateLimiter:
             split = self._split.sync(now, info, entries, minute_left_s=minute_left_s)
             rebook = split or rebook
         if rebook:
-            # Every sender books again, in every budget: a slot still held in one would
-            # keep the senders behind it there.
-            for budget in self._budgets():
-                budget.drop_ahead(now)
-            self._rebook()
+            self._rebook_all(now)
+
+    def _rebook_all(self, now: float) -> None:
+        # Every sender books again, in every budget: a slot still held in one would keep the
+        # senders behind it there.
+        for budget in self._budgets():
+            budget.drop_ahead(now)
+        if self._split is not None:
+            self._split.taken_back(now)
+        self._rebook()
 
     def rate_limited(self) -> None:
         """The provider answered 429: no more bursts in this run, only the pace."""
