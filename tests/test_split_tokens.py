@@ -11,10 +11,13 @@ import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import httpx
 import pytest
 from fake_limits import AnthropicBuckets, Cost
+from fakeserver import FakeServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_anthropic import Recorder, message, send
 from test_limiter import FakeClock, SharedClock
 
 from aiq.limiter import HEADROOM, RateLimiter
@@ -234,3 +237,41 @@ def test_the_ramps_share_rises_linearly_then_holds(start: float, at: float) -> N
     expected = min(1.0, RAMP_START_SHARE + (1 - RAMP_START_SHARE) * at / RAMP_S)
     assert share == pytest.approx(expected)
     assert RAMP_START_SHARE <= share <= 1.0
+
+
+# -- what the Anthropic provider and the fake server say about it --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "counted"),
+    [("claude-sonnet-4-5", 10 + 300), ("claude-3-5-haiku-20241022", 10 + 300 + 2000)],
+)
+def test_the_provider_says_what_the_input_limit_counts(model: str, counted: int) -> None:
+    """ITPM counts input and cache writes, not cache reads, except on Claude Haiku 3.5."""
+    usage = {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": 300,
+        "cache_read_input_tokens": 2000,
+        "output_tokens": 7,
+    }
+    body = {**message(), "model": model, "usage": usage}
+    reply = send(
+        "/v1/messages",
+        {"model": model, "max_tokens": 9, "messages": []},
+        Recorder(httpx.Response(200, json=body)),
+    )
+    assert reply.tokens_in == 2310  # every prompt token, for cost and status
+    assert reply.limited_in == counted
+
+
+def test_the_fake_writes_replies_of_reply_tokens_cut_at_max_tokens() -> None:
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    with (
+        FakeServer(reply_tokens=300) as server,
+        httpx.Client(base_url=server.base_url, headers=headers) as client,
+    ):
+        long = client.post("/messages", json={**body, "max_tokens": 1000}).json()
+        cut = client.post("/messages", json={**body, "max_tokens": 100}).json()
+    assert (long["usage"]["output_tokens"], long["stop_reason"]) == (300, "end_turn")
+    assert (cut["usage"]["output_tokens"], cut["stop_reason"]) == (100, "max_tokens")
