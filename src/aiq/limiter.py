@@ -100,7 +100,7 @@ class RateLimiter:
         self.learned: bool = False  # whether any limit came from the provider's headers
         # Input and output token limits apart, once a reply's headers show them (Anthropic).
         self._split: SplitTokens | None = None
-        self._first_at: float | None = None  # the run's first booking: a ramp starts there
+        self._first_at: float | None = None  # the run's first request: a ramp starts there
 
     @property
     def counts_tokens(self) -> bool:
@@ -149,6 +149,8 @@ class RateLimiter:
     def ticket_now(self) -> Ticket | None:
         """A ticket without waiting when nothing paces requests (no limit known, no pause),
         else None: then ``acquire``. No coroutine for the common case without limits."""
+        if self._first_at is None:
+            self._first_at = self._clock()
         if self._unpaced() and self._paused_until <= self._clock():
             return Ticket(0, 0, self)
         return None
@@ -159,6 +161,8 @@ class RateLimiter:
         Raises RequestTooLarge when its token cost exceeds the whole tokens-per-minute limit.
         """
         ticket = Ticket(prompt_tokens, reserved, self)
+        if self._first_at is None:
+            self._first_at = self._clock()
         if self._unpaced() and self._paused_until <= self._clock():
             return ticket  # nothing to pace (yet): the common case without limits
         while True:
@@ -255,8 +259,6 @@ class RateLimiter:
         return at
 
     def _book(self, ticket: Ticket, now: float) -> float:
-        if self._first_at is None:
-            self._first_at = now
         cost = ticket.prompt_estimate * self._prompt.ratio + ticket.reserved
         split = NO_SPLIT
         if self._split is not None:
@@ -346,8 +348,8 @@ class RateLimiter:
             rebook = budget.sync(now, window, entry, minute_left_s=minute_left_s) or rebook
         if info.split_tokens:
             if self._split is None:
-                first_at = self._first_at if self._first_at is not None else now
-                self._split = SplitTokens(headroom=self._headroom, started_at=first_at)
+                started_at = self._first_at if self._first_at is not None else now
+                self._split = SplitTokens(headroom=self._headroom, started_at=started_at)
                 self.learned = True
             entries = ticket.split if ticket is not None else (None, None)
             split = self._split.sync(now, info, entries, minute_left_s=minute_left_s)
