@@ -94,11 +94,23 @@ class Ramp:
     def ready_at(self, at: float) -> float:
         return max(at, self._tat)
 
-    def book(self, at: float, cost: float, per_minute_s: float) -> None:
-        """Book ``cost`` at ``at`` against a limit paced at ``per_minute_s`` a second."""
+    def book(self, at: float, cost: float, per_s: float) -> None:
+        """Book ``cost`` at ``at`` against a limit paced at ``per_s`` a second."""
         share = self.share(at)
         if share < 1.0:
-            self._tat = max(self._tat, at) + cost / (per_minute_s * share)
+            self._tat = max(self._tat, at) + cost / (per_s * share)
+
+    def settle(self, at: float, change: float, per_s: float) -> None:
+        """A booking at ``at`` cost ``change`` more (or less) than booked: the pace with it,
+        as the budget's (a first estimate of the whole prompt, before replies showed a
+        prompt cache, would hold the ramp a long way ahead)."""
+        share = self.share(at)
+        if share < 1.0:
+            self._tat += change / (per_s * share)
+
+    def taken_back(self, now: float) -> None:
+        """Every slot booked after ``now`` was taken back: start the pace again from now."""
+        self._tat = min(self._tat, now)
 
 
 def _unrounded(window: Window) -> Window:
@@ -223,6 +235,8 @@ class SplitTokens:
         next may go from now, at the budgets' own pace."""
         for kind, at in self._spaced.items():
             self._spaced[kind] = min(at, now)
+        for ramp in self._ramps.values():
+            ramp.taken_back(now)
 
     def forget(self, entries: tuple[_Entry | None, _Entry | None]) -> None:
         for budget, entry in zip((self.input, self.output), entries, strict=True):
@@ -251,12 +265,18 @@ class SplitTokens:
             if prompt_estimate > 0:
                 self._input_ratio.update(counted_in / prompt_estimate)
             if entry_in is not None and self.input is not None:
+                self._ramp_settle("input", self.input, entry_in, counted_in)
                 self.input.settle(entry_in, counted_in)
         if output_tokens > 0:
             self._output.update(output_tokens)
             if entry_out is not None and self.output is not None:
+                self._ramp_settle("output", self.output, entry_out, output_tokens)
                 self.output.settle(entry_out, output_tokens)
         return self._overestimated(now)
+
+    def _ramp_settle(self, kind: str, budget: Budget, entry: _Entry, cost: float) -> None:
+        if (ramp := self._ramps.get(kind)) is not None:
+            ramp.settle(entry.at, cost - entry.cost, budget.per_minute * self._headroom / WINDOW_S)
 
     def _overestimated(self, now: float) -> bool:
         """Whether slots booked ahead were booked at an estimate far over what replies show
