@@ -111,7 +111,12 @@ def system_text(body: Any) -> str:
 
 
 def message_reply(
-    body: dict, prompt: str, text: str, input_tokens: int, output_tokens: int
+    body: dict,
+    prompt: str,
+    text: str,
+    input_tokens: int,
+    output_tokens: int,
+    stop_reason: str = "end_turn",
 ) -> dict:
     """A Message answering ``prompt`` with ``text``."""
     return {
@@ -120,10 +125,28 @@ def message_reply(
         "role": "assistant",
         "model": body.get("model") or MODEL,
         "content": [{"type": "text", "text": text}],
-        "stop_reason": "end_turn",
+        "stop_reason": stop_reason,
         "stop_sequence": None,
         "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
     }
+
+
+def _cache_mark(body: Any) -> tuple[str, str] | None:
+    """The ``system`` text up to its last block marked ``cache_control``, and its ttl."""
+    system = body.get("system") if isinstance(body, dict) else None
+    text, mark = "", None
+    for block in system if isinstance(system, list) else ():
+        if isinstance(block, dict) and isinstance(block.get("text"), str):
+            text += block["text"]
+            if isinstance(block.get("cache_control"), dict):
+                mark = (text, block["cache_control"].get("ttl", "5m"))
+    return mark
+
+
+def cached_tokens(body: Any, written: set[str], tokens: Callable[[str], int]) -> int:
+    """The tokens of a request's prompt the cache holds already (it will read them)."""
+    mark = _cache_mark(body)
+    return tokens(mark[0]) if mark is not None and mark[0] in written else 0
 
 
 def account_cache(
@@ -132,13 +155,7 @@ def account_cache(
     """Prompt caching, for ``system`` blocks only: the text up to the last block marked
     ``cache_control`` is written to the cache the first time (``written`` remembers it) and
     read after; either way ``input_tokens`` leaves it out, as Anthropic's usage does."""
-    system = body.get("system") if isinstance(body, dict) else None
-    text, mark = "", None
-    for block in system if isinstance(system, list) else ():
-        if isinstance(block, dict) and isinstance(block.get("text"), str):
-            text += block["text"]
-            if isinstance(block.get("cache_control"), dict):
-                mark = (text, block["cache_control"].get("ttl", "5m"))
+    mark = _cache_mark(body)
     if mark is None:
         return
     prefix, ttl = mark

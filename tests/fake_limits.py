@@ -32,11 +32,14 @@ _HELP = "Visit https://platform.openai.com/account/rate-limits to learn more."
 class Cost:
     """What one request counts against the limits, as the provider estimates it on arrival:
     ``tokens`` is prompt plus ``max_tokens`` (OpenAI, Azure, Groq), ``input_tokens`` the prompt
-    alone (Anthropic)."""
+    alone (Anthropic), ``cached_tokens`` the part of it the server's prompt cache holds
+    already (read, not written, by this request) and ``max_tokens`` the output it asks for."""
 
     tokens: int = 0
     input_tokens: int = 0
     model: str = "gpt-4o-mini"
+    cached_tokens: int = 0
+    max_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,9 @@ class Mode:
         """Count a request arriving at ``now`` and return None, or refuse it uncounted."""
         return None
 
-    def settle(self, now: float, usage: dict[str, Any]) -> None:
-        """Account a reply's ``usage`` once it is generated (for limits counted after)."""
+    def settle(self, now: float, usage: dict[str, Any], cost: Cost | None = None) -> None:
+        """Account a reply's ``usage`` once it is generated (for limits counted after), for
+        the request admitted at ``cost``."""
 
     def headers(self, now: float) -> dict[str, str]:
         """The rate-limit headers of a reply sent at ``now``."""
@@ -274,7 +278,7 @@ class LiteLLMRouter(Mode):
         self.requests.add(now, 1)
         return None
 
-    def settle(self, now: float, usage: dict[str, Any]) -> None:
+    def settle(self, now: float, usage: dict[str, Any], cost: Cost | None = None) -> None:
         total = usage.get("total_tokens")
         if total is None:  # an Anthropic usage, in case one comes this way
             total = usage.get("input_tokens", 0) + usage.get("output_tokens", 0)
@@ -411,9 +415,18 @@ class GroqDaily(Mode):
 
 class AnthropicBuckets(Mode):
     """Anthropic: requests, input tokens (ITPM) and output tokens (OTPM) per minute, each a
-    bucket "continuously replenished up to your maximum limit". ITPM counts ``input_tokens`` +
-    ``cache_creation_input_tokens``, not ``cache_read_input_tokens``; OTPM counts the tokens
-    generated (``max_tokens`` does not count), so output is billed when the reply is done.
+    bucket "continuously replenished up to your maximum limit".
+
+    - ITPM counts ``input_tokens`` + ``cache_creation_input_tokens``, not
+      ``cache_read_input_tokens`` (except on Claude Haiku 3.5): on arrival a request takes its
+      prompt less what the prompt cache already holds of it, and its reply settles that to
+      the usage (two requests writing the same prefix at once both count it on arrival).
+    - OTPM counts the tokens generated; "OTPM rate limits are estimated based on max_tokens
+      at the beginning of each request, and the estimate is adjusted at the end of the
+      request to reflect the actual number of output tokens used". So a request arriving
+      takes its ``max_tokens`` from the bucket (and is refused when the bucket holds less:
+      *unverified*, the docs do not say whether a request is refused or only counted), and
+      its reply gives back what it did not generate.
 
     Headers ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
     remaining,reset}``: resets are RFC 3339 times at which the bucket is full again; token
@@ -421,21 +434,35 @@ class AnthropicBuckets(Mode):
     more than there is); ``tokens-*`` is the most restrictive of input and output. A 429 is
     ``rate_limit_error`` with ``retry-after`` in seconds.
 
-    Source: docs.claude.com/en/api/rate-limits ("Response headers", "Rate limits": token
-    bucket, the cache rule for ITPM, OTPM and ``max_tokens``).
+    Source: docs.anthropic.com/en/api/rate-limits ("Response headers", "Rate limits": token
+    bucket, the cache rule for ITPM and its Haiku 3.5 exception, OTPM and ``max_tokens``).
     """
 
     def __init__(self, *, rpm: int, itpm: int, otpm: int) -> None:
         self.limits = {"requests": rpm, "input-tokens": itpm, "output-tokens": otpm}
         self.buckets = {kind: Bucket(v, v / 60) for kind, v in self.limits.items()}
 
+    @staticmethod
+    def reads_count(model: str) -> bool:
+        """Whether cache reads count toward ``model``'s ITPM (Claude Haiku 3.5's only)."""
+        return model.startswith(("claude-3-5-haiku", "claude-haiku-3-5"))
+
+    def _input(self, cost: Cost) -> float:
+        """What a request's input counts on arrival."""
+        cached = 0 if self.reads_count(cost.model) else cost.cached_tokens
+        return float(max(0, cost.input_tokens - cached))
+
     def admit(self, now: float, cost: Cost) -> Refused | None:
-        # The input is known on arrival; the output only once generated, so it is refused
-        # only when already spent.
-        costs = {"requests": 1.0, "input-tokens": float(cost.input_tokens), "output-tokens": 0.0}
+        costs = {
+            "requests": 1.0,
+            "input-tokens": self._input(cost),
+            "output-tokens": float(cost.max_tokens),
+        }
         waits = {kind: self.buckets[kind].wait_for(now, n) for kind, n in costs.items()}
-        if (out := self.buckets["output-tokens"]).level(now) <= 0:
-            waits["output-tokens"] = (1 - out.level(now)) / out.per_s
+        if (out := self.buckets["output-tokens"]).level(now) <= 0:  # spent beyond its estimate
+            waits["output-tokens"] = max(
+                waits["output-tokens"] or 0, (1 - out.level(now)) / out.per_s
+            )
         broken = {kind: math.inf if w is None else w for kind, w in waits.items() if w != 0}
         if broken:
             kind = max(broken, key=broken.__getitem__)
@@ -448,14 +475,17 @@ class AnthropicBuckets(Mode):
             wait = waits[kind]
             headers = {} if wait is None else {"retry-after": str(max(1, math.ceil(wait)))}
             return Refused(anthropic.error_body(429, message), headers)
-        for kind in ("requests", "input-tokens"):
-            self.buckets[kind].spend(now, costs[kind])
+        for kind, n in costs.items():
+            self.buckets[kind].spend(now, n)
         return None
 
-    def settle(self, now: float, usage: dict[str, Any]) -> None:
-        # The arrival estimate counted the whole prompt; a cache read does not count.
-        self.buckets["input-tokens"].spend(now, -usage.get("cache_read_input_tokens", 0))
-        self.buckets["output-tokens"].spend(now, usage.get("output_tokens", 0))
+    def settle(self, now: float, usage: dict[str, Any], cost: Cost | None = None) -> None:
+        cost = cost or Cost(model="")
+        counted = usage.get("input_tokens", 0) + usage.get("cache_creation_input_tokens", 0)
+        if self.reads_count(cost.model):
+            counted += usage.get("cache_read_input_tokens", 0)
+        self.buckets["input-tokens"].spend(now, counted - self._input(cost))
+        self.buckets["output-tokens"].spend(now, usage.get("output_tokens", 0) - cost.max_tokens)
 
     def headers(self, now: float) -> dict[str, str]:
         rows = {}
@@ -555,8 +585,8 @@ class OtherClient(Mode):
         self._catch_up(now)
         return self.inner.admit(now, cost)
 
-    def settle(self, now: float, usage: dict[str, Any]) -> None:
-        self.inner.settle(now, usage)
+    def settle(self, now: float, usage: dict[str, Any], cost: Cost | None = None) -> None:
+        self.inner.settle(now, usage, cost)
 
     def headers(self, now: float) -> dict[str, str]:
         self._catch_up(now)

@@ -103,6 +103,9 @@ Responses API references and Anthropic's Messages API reference; ../shared/PROVI
   has those fields of its ``usage`` set to those values, whatever they are (a negative count,
   a float, a string, null: a broken or hostile server; ``""`` marks every request).
 
+- ``reply_tokens``: an Anthropic reply's text is this many tokens long (cut off at the
+  request's ``max_tokens``, ``stop_reason: "max_tokens"``), for output-token limits; None: a
+  short sentence.
 - ``latency_s``: seconds slept before answering (no sleep at all when 0, for throughput). Outages
   and rate-limit 429s are answered at once, as a gateway in front of the model would.
 - ``max_parallel``: serve that many requests at once and queue the rest, as a llama.cpp server
@@ -342,11 +345,20 @@ def responses_reply(body: dict, prompt: str) -> dict:
     }
 
 
-def message_reply(body: dict, prompt: str) -> dict:
-    """An Anthropic Message answering ``prompt``, its usage counted as OpenAI's is."""
+def message_reply(body: dict, prompt: str, reply_tokens: int | None = None) -> dict:
+    """An Anthropic Message answering ``prompt``, its usage counted as OpenAI's is; with
+    ``reply_tokens``, its text that many tokens long, cut off at ``max_tokens``."""
     text = reply_text(prompt)
+    stop_reason = "end_turn"
+    if reply_tokens is not None:
+        max_tokens = _count(body.get("max_tokens")) or reply_tokens
+        if reply_tokens > max_tokens:
+            reply_tokens, stop_reason = max_tokens, "max_tokens"
+        text = (text + " " + "word" * reply_tokens)[: 4 * reply_tokens]
     prompt_tokens = _tokens(_all_text(anthropic.PATH, body))
-    return anthropic.message_reply(body, prompt, text, prompt_tokens, _tokens(text))
+    return anthropic.message_reply(
+        body, prompt, text, prompt_tokens, _tokens(text), stop_reason=stop_reason
+    )
 
 
 def _cache_and_reason(path: str, usage: dict, cached: int, reasoning: int) -> None:
@@ -648,6 +660,7 @@ class _Exchange:
     fault: Fault | None = None
     anthropic: bool = False  # a Messages API request: checked and answered Anthropic's way
     admitted_at: float | None = None
+    cost: fake_limits.Cost | None = None  # what a limit mode admitted it at
 
 
 class FakeServer:
@@ -691,6 +704,7 @@ class FakeServer:
         cached_tokens: int = 0,
         reasoning_tokens: int = 0,
         usage_patches: dict[str, dict[str, Any]] | None = None,
+        reply_tokens: int | None = None,
     ) -> None:
         self.reject_marker = reject_marker
         self.cut_off_marker = cut_off_marker
@@ -722,6 +736,7 @@ class FakeServer:
         self.cached_tokens = cached_tokens
         self.reasoning_tokens = reasoning_tokens
         self.usage_patches = usage_patches or {}
+        self.reply_tokens = reply_tokens
         self.max_in_flight = 0
         self._in_flight = 0
         self._check_knobs()
@@ -899,12 +914,14 @@ class FakeServer:
                     tokens=ex.tokens,
                     input_tokens=_tokens(_all_text(path, body)),
                     model=(body.get("model") if isinstance(body, dict) else None) or MODEL,
+                    cached_tokens=anthropic.cached_tokens(body, self._cached, _tokens),
+                    max_tokens=(_count(body.get("max_tokens")) or 0) if ex.anthropic else 0,
                 )
                 now = self.limit_clock()
                 if (no := mode.admit(now, cost)) is not None:
                     ex.fault = "rate_limit"
                     return self._reply(ex, 429, no.payload, no.headers)
-                ex.admitted_at = now
+                ex.admitted_at, ex.cost = now, cost
             elif self.rpm is not None or self.tpm is not None:
                 verdict = self._limiter.judge(
                     ex.received,
@@ -927,7 +944,7 @@ class FakeServer:
             )
         drawn = self._draw(raw)
         if drawn is None:
-            return self._reply(ex, 200, self._build(path, body, ex.prompt))
+            return self._reply(ex, 200, self._build(path, body, ex.prompt, ex.cost))
         return await self._inject(ex, path, *drawn)
 
     async def _serve(self, seconds: float) -> None:
@@ -941,10 +958,15 @@ class FakeServer:
         finally:
             self._in_flight -= 1
 
-    def _build(self, path: str, body: Any, prompt: str) -> dict:
+    def _build(
+        self, path: str, body: Any, prompt: str, cost: fake_limits.Cost | None = None
+    ) -> dict:
         """The 200 reply to a request; an Anthropic one with its prompt-cache usage. A limit
         mode that counts after the call (generated tokens) is told its usage."""
-        payload = _BUILDERS[path](body, prompt)
+        if path == anthropic.PATH:
+            payload = message_reply(body, prompt, self.reply_tokens)
+        else:
+            payload = _BUILDERS[path](body, prompt)
         if (stop := self._stop_for(path, body)) is not None:
             stopped_short(path, body, payload, stop)
         if path == anthropic.PATH:
@@ -957,7 +979,7 @@ class FakeServer:
                 if marker in text:
                     usage.update(fields)
         if self.limit_mode is not None:
-            self.limit_mode.settle(self.limit_clock(), payload.get("usage") or {})
+            self.limit_mode.settle(self.limit_clock(), payload.get("usage") or {}, cost)
         return payload
 
     def _stop_for(self, path: str, body: Any) -> Stop | None:
@@ -1073,7 +1095,7 @@ class FakeServer:
             # Anthropic says "overloaded" with a 529 where OpenAI sends a 503.
             status = anthropic.OVERLOADED if ex.anthropic and kind == "503" else int(kind)
             return self._reply(ex, status, self._error_body(ex, status))
-        payload = self._build(path, ex.body, ex.prompt)
+        payload = self._build(path, ex.body, ex.prompt, ex.cost)
         if kind == "malformed":
             return self._reply(ex, 200, malformed_body(payload, truncate=bool(digest[9] & 1)))
         return await self._hang(ex, payload)

@@ -242,8 +242,9 @@ def _anthropic_reset(value: str) -> float:
 
 def test_anthropic_headers_round_tokens_down_and_reset_in_rfc3339() -> None:
     mode = AnthropicBuckets(rpm=50, itpm=20_000, otpm=8000)
-    assert mode.admit(T0, Cost(input_tokens=1500)) is None
-    mode.settle(T0, {"input_tokens": 1500, "output_tokens": 700})
+    cost = Cost(input_tokens=1500, max_tokens=700)
+    assert mode.admit(T0, cost) is None
+    mode.settle(T0, {"input_tokens": 1500, "output_tokens": 700}, cost)
     headers = mode.headers(T0)
     assert headers["anthropic-ratelimit-requests-remaining"] == "49"
     assert headers["anthropic-ratelimit-input-tokens-limit"] == "20000"
@@ -258,20 +259,43 @@ def test_anthropic_headers_round_tokens_down_and_reset_in_rfc3339() -> None:
     assert headers["anthropic-ratelimit-requests-reset"].endswith("Z")
 
 
-def test_anthropic_input_counts_cache_writes_not_reads_and_output_what_was_generated() -> None:
+def test_anthropic_input_counts_cache_writes_not_reads() -> None:
     mode = AnthropicBuckets(rpm=50, itpm=10_000, otpm=1000)
-    # The arrival estimate is the whole prompt, 5,000; 4,000 of it was read from the cache.
-    assert mode.admit(T0, Cost(input_tokens=5000)) is None
-    mode.settle(T0, {"input_tokens": 1000, "cache_read_input_tokens": 4000, "output_tokens": 0})
-    assert mode.headers(T0)["anthropic-ratelimit-input-tokens-remaining"] == "9000"
-    # max_tokens does not count; the generated tokens do, once generated.
-    mode.settle(T0, {"output_tokens": 1000})
-    no = mode.admit(T0, Cost(input_tokens=10))
+    # 5,000 prompt tokens, 4,000 of them in the cache already: 1,000 count on arrival.
+    cost = Cost(input_tokens=5000, cached_tokens=4000, model="claude-sonnet-4-5")
+    assert mode.admit(T0, cost) is None
+    assert mode.buckets["input-tokens"].level(T0) == 9000
+    usage = {"input_tokens": 1000, "cache_read_input_tokens": 4000, "output_tokens": 0}
+    mode.settle(T0, usage, cost)
+    assert mode.buckets["input-tokens"].level(T0) == 9000
+    # A cache write counts; two requests writing one prefix at once both count it.
+    cost = Cost(input_tokens=5000, model="claude-sonnet-4-5")
+    assert mode.admit(T0, cost) is None
+    mode.settle(T0, {"input_tokens": 1000, "cache_creation_input_tokens": 4000}, cost)
+    assert mode.buckets["input-tokens"].level(T0) == 4000
+    # Claude Haiku 3.5 counts cache reads too.
+    haiku = Cost(input_tokens=3000, cached_tokens=3000, model="claude-3-5-haiku-20241022")
+    assert mode.admit(T0, haiku) is None
+    assert mode.buckets["input-tokens"].level(T0) == 1000
+
+
+def test_anthropic_output_reserves_max_tokens_on_arrival_and_counts_what_was_generated() -> None:
+    mode = AnthropicBuckets(rpm=50, itpm=10_000, otpm=1000)
+    big = Cost(input_tokens=10, max_tokens=800)
+    assert mode.admit(T0, big) is None
+    # 800 reserved: another 800 does not fit until the first reply gives back what it left.
+    no = mode.admit(T0, big)
     assert no is not None
     assert no.payload["error"]["type"] == "rate_limit_error"
     assert "1000 output tokens per minute" in no.payload["error"]["message"]
-    assert no.headers == {"retry-after": "1"}
-    assert mode.admit(T0 + 1, Cost(input_tokens=10)) is None
+    mode.settle(T0, {"input_tokens": 10, "output_tokens": 50}, big)
+    assert mode.buckets["output-tokens"].level(T0) == 950
+    assert mode.admit(T0, big) is None
+    # Generated beyond what the bucket holds: nothing goes until it refills past zero.
+    mode.settle(T0, {"input_tokens": 10, "output_tokens": 1100}, big)
+    no = mode.admit(T0, Cost(input_tokens=10))
+    assert no is not None and no.headers == {"retry-after": "10"}
+    assert mode.admit(T0 + 10, Cost(input_tokens=10)) is None
 
 
 # -- f. no headers: unlimited, a slot at a time, 429s with or without a hint ----------------------
@@ -394,7 +418,7 @@ def test_the_server_settles_anthropic_usage_with_the_mode() -> None:
     clock = _Clock(T0)
     mode = AnthropicBuckets(rpm=10, itpm=100_000, otpm=1000)
     system = [{"type": "text", "text": "x" * 8000, "cache_control": {"type": "ephemeral"}}]
-    body = {"model": "claude", "max_tokens": 4096, "system": system}
+    body = {"model": "claude", "max_tokens": 400, "system": system}
     headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
     with (
         FakeServer(limit_mode=mode, limit_clock=clock) as server,
@@ -410,7 +434,7 @@ def test_the_server_settles_anthropic_usage_with_the_mode() -> None:
     # Input counted: the first prompt whole (written to the cache), the second less its read.
     spent = 100_000 - mode.buckets["input-tokens"].level(T0)
     assert spent == first["input_tokens"] + 2000 + second["input_tokens"]
-    # Output: what was generated, not max_tokens.
+    # Output: what was generated, not max_tokens (reserved on arrival, given back after).
     generated = first["output_tokens"] + second["output_tokens"]
     assert 1000 - mode.buckets["output-tokens"].level(T0) == generated
     assert replies[1].headers["anthropic-ratelimit-output-tokens-remaining"] == "0"

@@ -343,7 +343,17 @@ class Budget:
             self._seen_full_at -= drain
             entry.cost = 0.0
         self._last_at = log[-1].at if log else -math.inf
-        self._tat = min(self._tat, now + self._interval)
+        # Never sooner than the pace after the last booking kept: a token booking's slot is
+        # its cost long, and starting over from ``now`` would let the next one in beside it.
+        kept = log[-1].at + log[-1].cost * self._interval if log else -math.inf
+        self._tat = min(self._tat, max(now + self._interval, kept))
+        if self._bucket:
+            # The bucket's own drain moved to each booking's time (``book``): bookings far
+            # ahead, taken back, leave it there unless it is walked again from what is left.
+            full_at = -math.inf
+            for e in log:
+                full_at = max(full_at, e.at) + e.cost / self._refill
+            self._own_full_at = min(self._own_full_at, max(full_at, now))
 
     def stop_bursting(self, now: float) -> None:
         """A 429: whatever the headers say, pace from now to the end of the run (and guard

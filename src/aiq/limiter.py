@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .budget import CALENDAR_MARGIN_S, HEADROOM, WINDOW_S, Budget, RequestTooLarge, _Entry
 from .ratelimit_headers import RateLimitInfo
 from .refusal_limit import PROBE_WAIT_S, RefusalLimit
+from .split_tokens import NO_SPLIT, SplitCost, SplitTokens
 
 __all__ = ["HEADROOM", "WINDOW_S", "Budget", "Limiters", "RateLimiter", "RequestTooLarge", "Ticket"]
 
@@ -40,6 +41,8 @@ class Ticket:
     request: _Entry | None = None
     tokens: _Entry | None = None
     cost: float = 0.0
+    # Input and output tokens apart (Anthropic's limits): the entries booked.
+    split: tuple[_Entry | None, _Entry | None] = (None, None)
     sent_at: float = 0.0  # when it may go (the limiter's clock)
     window: _Entry | None = None  # its place in a limit learned from 429s
 
@@ -65,6 +68,8 @@ class Limits:
 
     rpm: float | None
     tpm: float | None
+    itpm: float | None = None  # input and output tokens apart (Anthropic)
+    otpm: float | None = None
 
 
 class RateLimiter:
@@ -98,11 +103,14 @@ class RateLimiter:
         # A server that reports no limit: what its 429s teach.
         self._refusal = RefusalLimit(headroom=headroom)
         self.learned: bool = False  # whether any limit came from the provider's headers
+        # Input and output token limits apart, once a reply's headers show them (Anthropic).
+        self._split: SplitTokens | None = None
+        self._first_at: float | None = None  # the run's first request: a ramp starts there
 
     @property
     def counts_tokens(self) -> bool:
         """Whether requests need a token estimate (a tokens-per-minute limit is known)."""
-        return self._tokens is not None
+        return self._tokens is not None or self._split is not None
 
     @property
     def bursting(self) -> bool:
@@ -126,9 +134,12 @@ class RateLimiter:
     @property
     def limits(self) -> Limits:
         rpm = self._requests.per_minute if self._requests else self._refusal.per_minute
+        split = self._split
         return Limits(
             rpm,
             self._tokens.per_minute if self._tokens else None,
+            split.input.per_minute if split and split.input else None,
+            split.output.per_minute if split and split.output else None,
         )
 
     def requests_per_s(self) -> float | None:
@@ -140,6 +151,8 @@ class RateLimiter:
             rates.append(self._requests.per_minute * self._headroom / 60.0)
         if self._tokens is not None and self._avg_cost.samples:
             rates.append(self._tokens.per_minute * self._headroom / 60.0 / self._avg_cost.ratio)
+        if self._split is not None and (split_rate := self._split.requests_per_s()):
+            rates.append(split_rate)
         return min(rates) if rates else None
 
     def pause(self, seconds: float) -> None:
@@ -150,17 +163,11 @@ class RateLimiter:
         """A ticket without waiting when nothing paces requests (no limit known, no pause),
         else None: then ``acquire``. No coroutine for the common case without limits."""
         now = self._clock()
-        if self._unlimited(now):
+        if self._first_at is None:
+            self._first_at = now
+        if self._unpaced() and self._paused_until <= now:
             return Ticket(0, 0, self, sent_at=now)
         return None
-
-    def _unlimited(self, now: float) -> bool:
-        return (
-            self._requests is None
-            and self._tokens is None
-            and self._refusal.limit is None
-            and self._paused_until <= now
-        )
 
     async def acquire(self, prompt_tokens: int = 0, reserved: int = 0) -> Ticket:
         """Wait until one request fits every budget; returns its ticket.
@@ -168,7 +175,10 @@ class RateLimiter:
         Raises RequestTooLarge when its token cost exceeds the whole tokens-per-minute limit.
         """
         ticket = Ticket(prompt_tokens, reserved, self)
-        if self._unlimited(now := self._clock()):
+        now = self._clock()
+        if self._first_at is None:
+            self._first_at = now
+        if self._unpaced() and self._paused_until <= now:
             ticket.sent_at = now
             return ticket  # nothing to pace (yet): the common case without limits
         while True:
@@ -187,6 +197,21 @@ class RateLimiter:
             # learned: give the slot back and book again, so the pause is kept and its end is
             # paced too, or the slot is paced to the new limit.
             self.refund(ticket)
+
+    def _unpaced(self) -> bool:
+        return (
+            self._requests is None
+            and self._tokens is None
+            and self._split is None
+            and self._refusal.limit is None
+        )
+
+    def _budgets(self) -> list[Budget]:
+        """Every budget known: requests, tokens, and input and output tokens apart."""
+        budgets = [b for b in (self._requests, self._tokens) if b is not None]
+        if self._split is not None:
+            budgets.extend(self._split.budgets())
+        return budgets
 
     async def _wait(self, seconds: float, generation: int) -> None:
         """Sleep ``seconds``, less if the slot is taken back meanwhile (a lower limit learned,
@@ -227,7 +252,8 @@ class RateLimiter:
         """
         now = self._clock()
         cost = prompt_tokens * self._prompt.ratio + reserved
-        at = self._ready_at(max(now, self._paused_until), cost)
+        split = self._split.costs(prompt_tokens, reserved) if self._split else NO_SPLIT
+        at = self._ready_at(max(now, self._paused_until), cost, split)
         if at - now <= after_s:
             return None
         if at == math.inf:
@@ -236,11 +262,14 @@ class RateLimiter:
         pace = self._requests.pace_s(1) if self._requests is not None else 0.0
         if self._tokens is not None and cost:
             pace = max(pace, self._tokens.pace_s(cost))
+        if self._split is not None:
+            pace = max(pace, self._split.pace_s(split))
         self._deferred_until = at + pace
         return at - now
 
-    def _ready_at(self, at: float, cost: float) -> float:
-        """The first time from ``at`` that one request of ``cost`` tokens fits every budget."""
+    def _ready_at(self, at: float, cost: float, split: SplitCost = NO_SPLIT) -> float:
+        """The first time from ``at`` that one request of ``cost`` tokens (``split``: input
+        and output tokens apart) fits every budget."""
         requests, tokens = self._requests, self._tokens
         if self._refusal.limit is not None:
             at = self._refusal.ready_at(at)
@@ -250,11 +279,20 @@ class RateLimiter:
             at = tokens.ready_at(at, cost)
             if requests is not None:  # the token guard moved it: the request pace still holds
                 at = requests.ready_at(at, 1)
+        if self._split is not None and (later := self._split.ready_at(at, split)) > at:
+            at = later  # and the others' paces still hold there
+            if requests is not None:
+                at = requests.ready_at(at, 1)
+            if tokens is not None and cost:
+                at = tokens.ready_at(at, cost)
         return at
 
     def _book(self, ticket: Ticket, now: float) -> float:
         cost = ticket.prompt_estimate * self._prompt.ratio + ticket.reserved
-        at = self._ready_at(max(now, self._paused_until), cost)
+        split = NO_SPLIT
+        if self._split is not None:
+            split = self._split.costs(ticket.prompt_estimate, ticket.reserved)
+        at = self._ready_at(max(now, self._paused_until), cost, split)
         if at == math.inf:
             return at
         if self._refusal.limit is not None:
@@ -263,6 +301,8 @@ class RateLimiter:
             ticket.request = self._requests.book(at, 1)
         if self._tokens is not None and cost:
             ticket.tokens = self._tokens.book(at, cost)
+        if self._split is not None:
+            ticket.split = self._split.book(at, split)
         ticket.cost = cost
         return at
 
@@ -275,13 +315,25 @@ class RateLimiter:
             self._requests.forget(ticket.request)
         if ticket.tokens is not None and self._tokens is not None:
             self._tokens.forget(ticket.tokens)
+        if self._split is not None:
+            self._split.forget(ticket.split)
         if ticket.window is not None:
             self._refusal.forget(ticket.window)
         ticket.request = ticket.tokens = ticket.window = None
+        ticket.split = (None, None)
 
-    def settle(self, ticket: Ticket, prompt_tokens: int) -> None:
-        """The request got through, its prompt ``prompt_tokens`` long by the reply's usage:
-        correct the booking."""
+    def settle(
+        self,
+        ticket: Ticket,
+        prompt_tokens: int,
+        *,
+        output_tokens: int = 0,
+        counted_in: int | None = None,
+    ) -> None:
+        """The request got through, its prompt ``prompt_tokens`` long and its reply
+        ``output_tokens`` (0: not said) by the reply's usage: correct the booking.
+        ``counted_in`` is the part of the prompt an input-token limit counts (Anthropic's
+        leaves out cache reads; None: all of it)."""
         self.answered(ticket)
         if prompt_tokens > 0 and self._tokens is not None:
             self._prompt.update(ticket.prompt_estimate, prompt_tokens)
@@ -289,6 +341,18 @@ class RateLimiter:
             self._avg_cost.update(1, actual)
             if ticket.tokens is not None and self._tokens is not None:
                 self._tokens.settle(ticket.tokens, actual)
+        if self._split is not None:
+            if counted_in is None and prompt_tokens > 0:
+                counted_in = prompt_tokens
+            now = self._clock()
+            if self._split.settle(
+                ticket.split,
+                ticket.prompt_estimate,
+                counted_in=counted_in,
+                output_tokens=output_tokens,
+                now=now,
+            ):
+                self._rebook_all(now)
 
     def answered(self, ticket: Ticket, *, through: bool = True) -> None:
         """The request got an answer other than a 429 (``through``: from the server, which
@@ -316,6 +380,10 @@ class RateLimiter:
             if budget is None:
                 if not window.limit:
                     continue
+                if kind == "tokens" and info.split_tokens:
+                    # Anthropic's ``tokens-*`` is the tighter of its input and output limits:
+                    # those are followed apart, each counted its own way.
+                    continue
                 # A limit nobody configured: learn it from the provider.
                 budget = Budget(window.limit, headroom=self._headroom, configured=False)
                 if kind == "requests":
@@ -327,13 +395,25 @@ class RateLimiter:
             if ticket is not None:
                 entry = ticket.request if kind == "requests" else ticket.tokens
             rebook = budget.sync(now, window, entry, minute_left_s=minute_left_s) or rebook
+        if info.split_tokens:
+            if self._split is None:
+                started_at = self._first_at if self._first_at is not None else now
+                self._split = SplitTokens(headroom=self._headroom, started_at=started_at)
+                self.learned = True
+            entries = ticket.split if ticket is not None else (None, None)
+            split = self._split.sync(now, info, entries, minute_left_s=minute_left_s)
+            rebook = split or rebook
         if rebook:
-            # Every sender books again, in both budgets: a slot still held in one would
-            # keep the senders behind it there.
-            for budget in (self._requests, self._tokens):
-                if budget is not None:
-                    budget.drop_ahead(now)
-            self._rebook()
+            self._rebook_all(now)
+
+    def _rebook_all(self, now: float) -> None:
+        # Every sender books again, in every budget: a slot still held in one would keep the
+        # senders behind it there.
+        for budget in self._budgets():
+            budget.drop_ahead(now)
+        if self._split is not None:
+            self._split.taken_back(now)
+        self._rebook()
 
     def rate_limited(
         self, retry_after_s: float | None = None, *, upper_bound: bool = False
@@ -348,9 +428,8 @@ class RateLimiter:
         is cut to that minute's turn.
         """
         now = self._clock()
-        for budget in (self._requests, self._tokens):
-            if budget is not None:
-                budget.stop_bursting(now)
+        for budget in self._budgets():
+            budget.stop_bursting(now)
         if self._requests is not None:
             return retry_after_s
         minute_s = WINDOW_S - self._wall() % WINDOW_S + CALENDAR_MARGIN_S
@@ -372,11 +451,7 @@ class RateLimiter:
         """Seconds until the next request booked for later goes, or with none booked, until
         one more could go (0: now). For saying why a run waits; it books nothing."""
         now = self._clock()
-        booked = [
-            at
-            for budget in (self._requests, self._tokens)
-            if budget is not None and (at := budget.next_booked(now)) is not None
-        ]
+        booked = [at for budget in self._budgets() if (at := budget.next_booked(now)) is not None]
         if booked:
             return min(booked) - now
         try:
@@ -461,4 +536,7 @@ class Limiters:
         """Whether any limit is known, configured or learned."""
         if any(r or t for r, t in (self._default, *self._per_model.values())):
             return True
-        return any(lim.limits.rpm or lim.limits.tpm for lim in self._by_model.values())
+        return any(
+            lim.limits.rpm or lim.limits.tpm or lim.limits.itpm or lim.limits.otpm
+            for lim in self._by_model.values()
+        )

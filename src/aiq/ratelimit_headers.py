@@ -3,7 +3,9 @@
 OpenAI sends ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` with resets as Go-style
 durations (``1s``, ``6m0s``, ``120ms``, ``59.99s``, ``1h2m3.5s``). Anthropic sends
 ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` with resets as RFC 3339
-times. Both describe the same thing: how much of the current window is left and when it refills.
+times, and its input and output token limits apart as ``-input-tokens-*`` and
+``-output-tokens-*`` (``tokens-*`` is then the most restrictive of the two). Each describes the
+same thing: how much of the current window is left and when it refills.
 """
 
 from __future__ import annotations
@@ -26,20 +28,31 @@ class Window:
     reset_s: float | None
 
 
+NO_WINDOW = Window(None, None, None)
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimitInfo:
-    """The server's view of both budgets after one response."""
+    """The server's view of its budgets after one response. ``input_tokens`` and
+    ``output_tokens`` are Anthropic's separate limits (ITPM, OTPM); others send neither."""
 
     requests: Window
     tokens: Window
+    input_tokens: Window = NO_WINDOW
+    output_tokens: Window = NO_WINDOW
 
     @property
     def empty(self) -> bool:
         return all(
             v is None
-            for w in (self.requests, self.tokens)
+            for w in (self.requests, self.tokens, self.input_tokens, self.output_tokens)
             for v in (w.limit, w.remaining, w.reset_s)
         )
+
+    @property
+    def split_tokens(self) -> bool:
+        """Whether input and output tokens are limited apart (Anthropic's headers)."""
+        return bool(self.input_tokens.limit or self.output_tokens.limit)
 
 
 def parse_duration(text: str) -> float | None:
@@ -90,7 +103,15 @@ def _reset(value: str | None, now: datetime) -> float | None:
 
 
 def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateLimitInfo:
-    """Both budgets from OpenAI or Anthropic headers (lower-case keys); missing parts are None."""
+    """Every budget from OpenAI or Anthropic headers (lower-case keys); missing parts are None."""
+
+    def anthropic(kind: str) -> Window:
+        prefix = f"anthropic-ratelimit-{kind}-"
+        return Window(
+            _int(headers.get(prefix + "limit")),
+            _int(headers.get(prefix + "remaining")),
+            _reset(headers.get(prefix + "reset"), now),
+        )
 
     def window(kind: str) -> Window:
         if f"x-ratelimit-limit-{kind}" in headers or f"x-ratelimit-remaining-{kind}" in headers:
@@ -99,14 +120,14 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateL
                 _int(headers.get(f"x-ratelimit-remaining-{kind}")),
                 _reset(headers.get(f"x-ratelimit-reset-{kind}"), now),
             )
-        prefix = f"anthropic-ratelimit-{kind}-"
-        return Window(
-            _int(headers.get(prefix + "limit")),
-            _int(headers.get(prefix + "remaining")),
-            _reset(headers.get(prefix + "reset"), now),
-        )
+        return anthropic(kind)
 
-    return RateLimitInfo(window("requests"), window("tokens"))
+    return RateLimitInfo(
+        window("requests"),
+        window("tokens"),
+        anthropic("input-tokens"),
+        anthropic("output-tokens"),
+    )
 
 
 _PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")

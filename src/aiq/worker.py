@@ -607,7 +607,9 @@ class Worker:
         limiter = ticket.limiter
         if reply.limits is not None:
             limiter.observe(reply.limits, ticket)
-        limiter.settle(ticket, reply.tokens_in)
+        limiter.settle(
+            ticket, reply.tokens_in, output_tokens=reply.tokens_out, counted_in=reply.limited_in
+        )
         if self._probe_jobs:
             self._probe_jobs.discard(job.id)
         self._breakers.record((job.endpoint, charge.model), False)

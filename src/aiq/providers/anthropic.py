@@ -122,4 +122,17 @@ def _reply(resp: httpx.Response, raw: bytes, secret: str | None) -> Reply:
         )
     request_id, limits = reply_headers(resp.headers, b"request-id")
     usage = anthropic_usage(data.get("usage"))
-    return Reply.of(raw, request_id or data.get("id"), usage, limits, anthropic_stop(data))
+    limited_in = None
+    if usage is not None:
+        reads = 0 if _reads_count(data.get("model")) else usage.cache_read
+        limited_in = usage.tokens_in - reads
+    return Reply.of(
+        raw, request_id or data.get("id"), usage, limits, anthropic_stop(data), limited_in
+    )
+
+
+def _reads_count(model: object) -> bool:
+    """Whether ``model``'s input-token limit counts cache reads: only Claude Haiku 3.5's does
+    (Anthropic's rate-limits page: "cache_read_input_tokens do not count towards ITPM",
+    except for the models it marks, Haiku 3.5)."""
+    return isinstance(model, str) and model.startswith(("claude-3-5-haiku", "claude-haiku-3-5"))

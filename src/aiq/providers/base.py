@@ -79,6 +79,9 @@ class Reply:
     # or unusable (not counts), so its cost is unknown; tokens_in and tokens_out are then 0.
     usage: Usage | None = None
     stop: Stop | None = None  # how it stopped short (max_tokens, a content filter); aiq.stops
+    # The prompt tokens the provider's input-token limit counts, when not all of them
+    # (Anthropic's ITPM leaves out cache reads); None: tokens_in.
+    limited_in: int | None = None
 
     @classmethod
     def of(
@@ -88,11 +91,15 @@ class Reply:
         usage: Usage | None,
         limits: RateLimitInfo | None,
         stop: Stop | None = None,
+        limited_in: int | None = None,
     ) -> Reply:
         """A 200 reply with its usage, unusable or not."""
         if usage is None:
-            return cls(200, body, request_id, 0, 0, limits, None, stop)
-        return cls(200, body, request_id, usage.tokens_in, usage.tokens_out, limits, usage, stop)
+            return cls(200, body, request_id, 0, 0, limits, None, stop, None)
+        return cls(
+            200, body, request_id, usage.tokens_in, usage.tokens_out, limits, usage, stop,
+            limited_in,
+        )  # fmt: skip
 
 
 class ProviderError(Exception):

@@ -1,0 +1,277 @@
+"""Anthropic's input and output token limits, each its own budget, on a fake clock.
+
+The provider is the tests' own fake (``fake_limits.AnthropicBuckets``), driven at the fake
+clock's times: the limiter's promises are checked against how Anthropic counts (cache reads
+free, output counted as generated, ``max_tokens`` reserved on arrival), not against itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from fake_limits import AnthropicBuckets, Cost
+from fakeserver import FakeServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_anthropic import Recorder, message, send
+from test_limiter import FakeClock, SharedClock
+
+from aiq.limiter import HEADROOM, RateLimiter
+from aiq.ratelimit_headers import RateLimitInfo, Window, parse_rate_limit_headers
+from aiq.split_tokens import RAMP_S, RAMP_START_SHARE, Ramp
+
+MODEL = "claude-sonnet-4-5"
+
+
+def limiter(clock: FakeClock) -> RateLimiter:
+    return RateLimiter(clock=clock, sleep=clock.sleep, wall=clock)  # type: ignore[arg-type]
+
+
+def headers_at(mode: AnthropicBuckets, now: float) -> RateLimitInfo:
+    return parse_rate_limit_headers(mode.headers(now), datetime.fromtimestamp(now, UTC))
+
+
+@dataclass
+class Job:
+    """One request: its prompt (``cached`` of it in the provider's cache after the first
+    request), its ``max_tokens`` and what it generates."""
+
+    prompt: int
+    cached: int
+    max_tokens: int
+    output: int
+
+
+@dataclass
+class Run:
+    sent: list[float]  # when each admitted request went
+    outputs: list[int]
+    refused_at: list[float]
+
+    @property
+    def refused(self) -> int:
+        return len(self.refused_at)
+
+
+def run(
+    lim: RateLimiter,
+    clock: FakeClock,
+    mode: AnthropicBuckets,
+    jobs: list[Job],
+    *,
+    senders: int = 1,
+    latency_s: float = 0.0,
+) -> Run:
+    """``senders`` tasks send ``jobs`` as the worker does: acquire, the provider admits or
+    refuses (a 429 refunds, pauses and ends bursts), the reply's headers are observed and its
+    usage settled ``latency_s`` later."""
+    result = Run([], [], [])
+    queue = list(reversed(jobs))
+    written = False  # the shared prefix is in the provider's cache
+
+    async def sender() -> None:
+        nonlocal written
+        while queue:
+            job = queue.pop()
+            ticket = await lim.acquire(job.prompt, job.max_tokens)
+            now = clock.now
+            cached = job.cached if written else 0
+            cost = Cost(
+                input_tokens=job.prompt,
+                cached_tokens=cached,
+                model=MODEL,
+                max_tokens=job.max_tokens,
+            )
+            if (no := mode.admit(now, cost)) is not None:
+                result.refused_at.append(now)
+                lim.observe(headers_at(mode, now), ticket)
+                lim.refund(ticket)
+                lim.rate_limited()
+                lim.pause(float(no.headers.get("retry-after", "1")))
+                queue.append(job)
+                continue
+            result.sent.append(now)
+            if latency_s:
+                await clock.sleep(latency_s)
+            # The reply: the prefix written by the first, read by the others.
+            read = job.cached if written else 0
+            usage = {
+                "input_tokens": job.prompt - job.cached,
+                "cache_creation_input_tokens": job.cached - read,
+                "cache_read_input_tokens": read,
+                "output_tokens": job.output,
+            }
+            written = True
+            mode.settle(clock.now, usage, cost)
+            lim.observe(headers_at(mode, clock.now), ticket)
+            counted = usage["input_tokens"] + usage["cache_creation_input_tokens"]
+            lim.settle(ticket, job.prompt, output_tokens=job.output, counted_in=counted)
+            result.outputs.append(job.output)
+
+    async def go() -> None:
+        tasks = [asyncio.ensure_future(sender()) for _ in range(senders)]
+        if isinstance(clock, SharedClock):
+            await clock.run(tasks)
+        else:
+            await asyncio.gather(*tasks)
+
+    asyncio.run(go())
+    return result
+
+
+def output_share(result: Run, otpm: int, *, skip: int = 1) -> float:
+    """Output generated between the first and last admitted request (the last one's left
+    out) over what OTPM allows in that time."""
+    span = result.sent[-1] - result.sent[skip - 1]
+    return sum(result.outputs[skip - 1 : -1]) / (otpm / 60 * span)
+
+
+def test_the_headers_input_and_output_limits_are_learned_apart() -> None:
+    clock = FakeClock()
+    lim = limiter(clock)
+    mode = AnthropicBuckets(rpm=1000, itpm=40_000, otpm=8000)
+    lim.observe(headers_at(mode, clock.now))
+    limits = lim.limits
+    # tokens-* (the tighter of the two) is not made a budget of prompt plus max_tokens.
+    assert (limits.rpm, limits.tpm, limits.itpm, limits.otpm) == (1000, None, 40_000, 8000)
+    assert lim.counts_tokens and lim.learned
+
+
+def test_openai_headers_keep_one_tokens_budget() -> None:
+    clock = FakeClock()
+    lim = limiter(clock)
+    lim.observe(RateLimitInfo(Window(500, 499, 0.1), Window(200_000, 199_000, 0.3)))
+    assert (lim.limits.tpm, lim.limits.itpm, lim.limits.otpm) == (200_000, None, None)
+
+
+def test_a_prompt_cached_batch_with_large_max_tokens_reaches_the_output_limit() -> None:
+    """2,020-token prompts, 2,000 of them cached, max_tokens 4,000, 100 tokens generated:
+    OTPM 6,000 allows 60 a minute. One budget of prompt plus max_tokens against the tighter
+    limit would send one a minute."""
+    clock = FakeClock()
+    lim = limiter(clock)
+    mode = AnthropicBuckets(rpm=1000, itpm=50_000, otpm=6000)
+    jobs = [Job(prompt=2020, cached=2000, max_tokens=4000, output=100) for _ in range(300)]
+    result = run(lim, clock, mode, jobs)
+    assert result.refused == 0
+    assert output_share(result, 6000, skip=5) >= 0.95
+    # Input: the cache's reads let through, 20-odd tokens a request count (not 2,020).
+    assert 50_000 - mode.buckets["input-tokens"].level(clock.now) < 5000
+
+
+def test_input_is_the_binding_limit_when_prompts_are_not_cached() -> None:
+    clock = FakeClock()
+    lim = limiter(clock)
+    mode = AnthropicBuckets(rpm=1000, itpm=30_000, otpm=90_000)
+    jobs = [Job(prompt=1000, cached=0, max_tokens=1000, output=50) for _ in range(200)]
+    result = run(lim, clock, mode, jobs)
+    assert result.refused == 0
+    # 30 prompts a minute, paced a little under it.
+    span = result.sent[-1] - result.sent[5]
+    assert (len(result.sent) - 6) * 1000 / (30_000 / 60 * span) >= 0.95
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    outputs=st.lists(st.integers(100, 600), min_size=80, max_size=80),
+    cached=st.integers(0, 3000),
+    max_tokens=st.integers(600, 2000),
+    latency_s=st.sampled_from([0.0, 0.5, 2.0]),
+)
+def test_varied_outputs_reach_the_output_limit_without_429s(
+    outputs: list[int], cached: int, max_tokens: int, latency_s: float
+) -> None:
+    """Whatever each reply generates (within max_tokens), several senders with replies a
+    latency later: no 429 once the first reply has told the limits (before it, the senders
+    go at once, knowing nothing: 8 x max_tokens may be more than the OTPM bucket holds), and
+    the output limit used."""
+    clock = SharedClock()
+    lim = limiter(clock)
+    mode = AnthropicBuckets(rpm=2000, itpm=90_000, otpm=8000)
+    jobs = [Job(cached + 100, cached, max_tokens, out) for out in outputs]
+    result = run(lim, clock, mode, jobs, senders=8, latency_s=latency_s)
+    assert all(t == result.sent[0] for t in result.refused_at)
+    # (Over minutes: 80 replies of 300 tokens on average are three minutes' worth.)
+    assert output_share(result, 8000, skip=10) >= 0.85
+
+
+def test_a_large_limit_is_ramped_up_over_the_first_minute() -> None:
+    """OTPM 200,000 from nothing: a quarter of the pace at first, all of it after a minute."""
+    clock = FakeClock()
+    lim = limiter(clock)
+    mode = AnthropicBuckets(rpm=100_000, itpm=10_000_000, otpm=200_000)
+    jobs = [Job(prompt=100, cached=0, max_tokens=2000, output=500) for _ in range(3000)]
+    result = run(lim, clock, mode, jobs)
+    assert result.refused == 0
+    t0 = result.sent[0]
+
+    def rate(start: float, end: float) -> float:
+        n = sum(start <= t - t0 < end for t in result.sent)
+        return n * 500 / (end - start) / (200_000 / 60)
+
+    assert rate(1, 6) == pytest.approx(HEADROOM * (RAMP_START_SHARE + 0.75 * 3.5 / 60), rel=0.1)
+    assert rate(28, 32) == pytest.approx(HEADROOM * (RAMP_START_SHARE + 0.75 * 0.5), rel=0.1)
+    assert rate(62, 80) == pytest.approx(HEADROOM, rel=0.03)
+    # The first minute sends 5/8 of a minute's worth.
+    first_minute = sum(t - t0 < 60 for t in result.sent) * 500
+    assert first_minute == pytest.approx(200_000 * HEADROOM * 5 / 8, rel=0.05)
+
+
+def test_a_small_limit_is_not_ramped() -> None:
+    clock = FakeClock()
+    lim = limiter(clock)
+    mode = AnthropicBuckets(rpm=1000, itpm=50_000, otpm=30_000)
+    jobs = [Job(prompt=100, cached=0, max_tokens=500, output=100) for _ in range(100)]
+    result = run(lim, clock, mode, jobs)
+    assert result.refused == 0
+    assert output_share(result, 30_000, skip=3) >= 0.95
+
+
+@given(start=st.floats(0, 1000), at=st.floats(0, 200))
+def test_the_ramps_share_rises_linearly_then_holds(start: float, at: float) -> None:
+    share = Ramp(start).share(start + at)
+    expected = min(1.0, RAMP_START_SHARE + (1 - RAMP_START_SHARE) * at / RAMP_S)
+    assert share == pytest.approx(expected)
+    assert RAMP_START_SHARE <= share <= 1.0
+
+
+# -- what the Anthropic provider and the fake server say about it --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "counted"),
+    [("claude-sonnet-4-5", 10 + 300), ("claude-3-5-haiku-20241022", 10 + 300 + 2000)],
+)
+def test_the_provider_says_what_the_input_limit_counts(model: str, counted: int) -> None:
+    """ITPM counts input and cache writes, not cache reads, except on Claude Haiku 3.5."""
+    usage = {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": 300,
+        "cache_read_input_tokens": 2000,
+        "output_tokens": 7,
+    }
+    body = {**message(), "model": model, "usage": usage}
+    reply = send(
+        "/v1/messages",
+        {"model": model, "max_tokens": 9, "messages": []},
+        Recorder(httpx.Response(200, json=body)),
+    )
+    assert reply.tokens_in == 2310  # every prompt token, for cost and status
+    assert reply.limited_in == counted
+
+
+def test_the_fake_writes_replies_of_reply_tokens_cut_at_max_tokens() -> None:
+    headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    with (
+        FakeServer(reply_tokens=300) as server,
+        httpx.Client(base_url=server.base_url, headers=headers) as client,
+    ):
+        long = client.post("/messages", json={**body, "max_tokens": 1000}).json()
+        cut = client.post("/messages", json={**body, "max_tokens": 100}).json()
+    assert (long["usage"]["output_tokens"], long["stop_reason"]) == (300, "end_turn")
+    assert (cut["usage"]["output_tokens"], cut["stop_reason"]) == (100, "max_tokens")
