@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -111,6 +111,44 @@ class Provider(Protocol):
     async def send(self, endpoint: str, body: bytes) -> Reply: ...
 
 
+class Post:
+    """POST requests to one URL with fixed headers, built as ``httpx.Request("POST", url,
+    headers=headers, content=body)`` builds them (same headers, case and order), in a third
+    of its time: ~10 µs a request, 3x that at 500 requests/s (bench/README.md, "CPU").
+
+    Given a stream, httpx adds no header of its own and renormalises none, so the Host
+    header is added once here and only Content-Length per request. Headers that would make
+    httpx place its own differently (a Host, Content-Length or Transfer-Encoding of the
+    caller's), or an empty body, take httpx's own way.
+    """
+
+    __slots__ = ("_extensions", "_headers", "_with_host", "url")
+
+    def __init__(self, url: httpx.URL, headers: httpx.Headers, extensions: dict[str, Any]) -> None:
+        self.url = url
+        self._headers = headers
+        self._extensions = extensions
+        own = any(name in headers for name in ("host", "content-length", "transfer-encoding"))
+        self._with_host = None if own else httpx.Headers([(b"Host", url.netloc), *headers.raw])
+
+    def request(self, body: bytes) -> httpx.Request:
+        """The request that sends ``body``, already read (``content`` is set)."""
+        if not body or self._with_host is None:
+            return httpx.Request(
+                "POST", self.url, headers=self._headers, content=body, extensions=self._extensions
+            )
+        request = httpx.Request(
+            "POST",
+            self.url,
+            headers=self._with_host,
+            stream=httpx.ByteStream(body),
+            extensions=self._extensions,
+        )
+        request.headers["Content-Length"] = str(len(body))
+        request.read()
+        return request
+
+
 async def exchange(
     transport: httpx.AsyncBaseTransport, request: httpx.Request, *, base: str
 ) -> tuple[httpx.Response, bytes]:
@@ -119,7 +157,12 @@ async def exchange(
     try:
         resp = await transport.handle_async_request(request)
         try:
-            content = await resp.aread()
+            # A body already in memory (AiohttpTransport's, MockTransport's) is read without
+            # the async iterators' overhead; httpx decodes it the same either way.
+            if isinstance(resp.stream, httpx.SyncByteStream):
+                content = resp.read()
+            else:
+                content = await resp.aread()
         except BaseException:
             await resp.aclose()  # reading it whole closes it; only a failed read leaves it open
             raise
