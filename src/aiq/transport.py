@@ -28,7 +28,6 @@ from typing import Any
 
 import aiohttp
 import httpx
-import yarl  # aiohttp's own URL type (a dependency of aiohttp)
 
 __all__ = ["AiohttpTransport", "make_client"]
 
@@ -85,7 +84,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[tuple[Any, Any, Any], aiohttp.ClientTimeout] = {}
-        self._urls: dict[int, tuple[httpx.URL, yarl.URL]] = {}
 
     def _open_session(self) -> aiohttp.ClientSession:
         # Created on first use, not in __init__: aiohttp binds a session to the running loop,
@@ -114,19 +112,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             self._timeouts[key] = cached
         return cached
 
-    def _url(self, url: httpx.URL) -> yarl.URL:
-        """``url`` as aiohttp parses it, once per ``httpx.URL`` object: providers send every
-        request to one of a few URL objects, and aiohttp would parse the string each time.
-        Keyed by identity (hashing an httpx.URL formats it); the URL is kept, so its id is
-        not reused while cached."""
-        cached = self._urls.get(id(url))
-        if cached is None or cached[0] is not url:
-            if len(self._urls) >= 32:
-                self._urls.clear()
-            # already percent-encoded by httpx; yarl keeps it so
-            cached = self._urls[id(url)] = (url, yarl.URL(str(url)))
-        return cached[1]
-
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` and return the response with its body already read."""
         session = self._session or self._open_session()
@@ -137,7 +122,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         try:
             async with session.request(
                 request.method,
-                self._url(request.url),
+                str(request.url),  # already percent-encoded by httpx; yarl keeps it so
                 headers=request.headers.multi_items(),
                 data=content or None,
                 allow_redirects=False,  # httpx follows redirects itself when asked to
