@@ -162,7 +162,7 @@ class Worker:
         # Calls under a learned timeout -> when it cuts them; one sweep checks them all
         # (see _send_timed).
         self._deadlines: dict[asyncio.Timeout, float] = {}
-        self._sweeping = False
+        self._sweeper: asyncio.TimerHandle | None = None  # the next sweep, while any is due
         self._retry = retry
         self.costs = costs or CostMeter({})  # prices each reply; keeps --max-cost
         self.progress = progress or Progress()
@@ -210,6 +210,9 @@ class Worker:
             for task in senders:
                 task.cancel()
             await asyncio.gather(*senders, return_exceptions=True)
+            if self._sweeper is not None:  # its calls are over; none is left for a later run
+                self._sweeper.cancel()
+                self._sweeper = None
             await self._flush()
             await self._store.release(list(self._claimed.values()))
         return self.progress
@@ -479,9 +482,8 @@ class Worker:
                 if limit_s is not None:
                     marks = self._deadlines
                     marks[bound] = start + limit_s
-                    if not self._sweeping:
-                        self._sweeping = True
-                        loop.call_later(_SWEEP_S, self._sweep, loop)
+                    if self._sweeper is None:
+                        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
                 elif untimed is not None:
                     marks = untimed
                     marks[bound] = start
@@ -510,9 +512,7 @@ class Worker:
         for bound in [b for b, at in deadlines.items() if at <= now]:
             del deadlines[bound]
             bound.reschedule(now)
-        self._sweeping = bool(deadlines)
-        if self._sweeping:
-            loop.call_later(_SWEEP_S, self._sweep, loop)
+        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if deadlines else None
 
     def _learned(self, model: str | None, latency_s: float) -> None:
         """Feed a reply's latency to the timeouts; once the model's is known, cut the calls
