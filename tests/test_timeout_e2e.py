@@ -129,3 +129,44 @@ def test_a_hang_among_the_first_calls_is_cut_once_the_timeout_is_learned(tmp_pat
     assert time.monotonic() - began < 5
     assert stats.counts["done"] == 12 and stats.timeouts == 1
     assert worker.progress.timeouts == 1 and calls.count("q0") == 2
+
+
+def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
+    """A hang sent under a learned timeout (1 s: the floor, with 10 ms replies) is cut within
+    the sweep's period of it (worker._SWEEP_S), never before it."""
+    path = tmp_path / "in.jsonl"
+    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(12)])
+    hung: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        if prompt == "q11" and not hung:
+            began = time.monotonic()
+            try:
+                await asyncio.sleep(30)
+            finally:
+                hung.append(time.monotonic() - began)
+        await asyncio.sleep(0.01)
+        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
+
+    timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+
+    async def main() -> Stats:
+        store = await JobStore.open(tmp_path / "s.db")
+        source = await store.add_source(str(path), out_path="o", dead_path="d")
+        await store.enqueue(source, read_requests(path, Defaults(model="m")))
+        provider = OpenAIProvider(
+            httpx.MockTransport(handler), base_url="http://api.test/v1", api_key=API_KEY
+        )
+        retry = RetryPolicy(base_s=0.01, cap_s=0.01)
+        worker = Worker(store, provider, concurrency=1, timeouts=timeouts, retry=retry)
+        try:
+            await asyncio.wait_for(worker.run(), 10)
+            return await store.stats()
+        finally:
+            await store.close()
+
+    stats = asyncio.run(main())
+    assert stats.counts["done"] == 12 and stats.timeouts == 1
+    assert timeouts.learned_s("m") == 1.0
+    assert len(hung) == 1 and 1.0 <= hung[0] < 1.0 + 0.1 + 0.15, hung

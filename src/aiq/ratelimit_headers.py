@@ -10,6 +10,7 @@ same thing: how much of the current window is left and when it refills.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class RateLimitInfo:
         return bool(self.input_tokens.limit or self.output_tokens.limit)
 
 
+@functools.lru_cache(maxsize=1024)  # every reply has one or two; most repeat (1s, 6m0s, 2ms)
 def parse_duration(text: str) -> float | None:
     """Seconds in a Go-style duration (``6m0s``, ``120ms``, ``1h2m3.5s``), or None if not one."""
     text = text.strip()
@@ -105,29 +107,31 @@ def _reset(value: str | None, now: datetime) -> float | None:
 def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateLimitInfo:
     """Every budget from OpenAI or Anthropic headers (lower-case keys); missing parts are None."""
 
-    def anthropic(kind: str) -> Window:
-        prefix = f"anthropic-ratelimit-{kind}-"
+    def window(names: tuple[str, ...]) -> Window:
+        limit, remaining, reset, *anthropic = names
+        if limit not in headers and remaining not in headers:
+            limit, remaining, reset = anthropic
         return Window(
-            _int(headers.get(prefix + "limit")),
-            _int(headers.get(prefix + "remaining")),
-            _reset(headers.get(prefix + "reset"), now),
+            _int(headers.get(limit)), _int(headers.get(remaining)), _reset(headers.get(reset), now)
         )
 
-    def window(kind: str) -> Window:
-        if f"x-ratelimit-limit-{kind}" in headers or f"x-ratelimit-remaining-{kind}" in headers:
-            return Window(
-                _int(headers.get(f"x-ratelimit-limit-{kind}")),
-                _int(headers.get(f"x-ratelimit-remaining-{kind}")),
-                _reset(headers.get(f"x-ratelimit-reset-{kind}"), now),
-            )
-        return anthropic(kind)
-
     return RateLimitInfo(
-        window("requests"),
-        window("tokens"),
-        anthropic("input-tokens"),
-        anthropic("output-tokens"),
+        window(_NAMES["requests"]),
+        window(_NAMES["tokens"]),
+        window(_NAMES["input-tokens"]),
+        window(_NAMES["output-tokens"]),
     )
+
+
+# Each kind's header names, OpenAI's then Anthropic's: built once, not on every reply. (Input
+# and output tokens apart are Anthropic's only; OpenAI has no such headers, so they are absent.)
+_NAMES = {
+    kind: (
+        *(f"x-ratelimit-{part}-{kind}" for part in ("limit", "remaining", "reset")),
+        *(f"anthropic-ratelimit-{kind}-{part}" for part in ("limit", "remaining", "reset")),
+    )
+    for kind in ("requests", "tokens", "input-tokens", "output-tokens")
+}
 
 
 _PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")

@@ -17,6 +17,7 @@ from ..stops import anthropic_stop
 from ..usage import anthropic_usage
 from .anthropic_messages import DEFAULT_MAX_TOKENS, to_messages_body
 from .base import (
+    Post,
     ProviderError,
     Reply,
     body_start,
@@ -80,25 +81,28 @@ class AnthropicProvider:
                 "pool": None,  # the worker pool bounds waiting already: queueing, not failure
             }
         }
-        self._url: httpx.URL | None = None
+        self._messages: Post | None = None
 
     def url(self) -> httpx.URL:
         """The Messages endpoint, parsed once."""
-        if self._url is None:
-            self._url = httpx.URL(self._base + "/v1/messages")
-        return self._url
+        return self._post().url
+
+    def _post(self) -> Post:
+        """How Messages requests are built, made once."""
+        if self._messages is None:
+            url = httpx.URL(self._base + "/v1/messages")
+            self._messages = Post(url, self._headers, self._extensions)
+        return self._messages
 
     async def send(self, endpoint: str, body: bytes) -> Reply:
         """POST one job as a Messages request; returns the Reply or raises a ProviderError."""
         content = to_messages_body(endpoint, body, default_max_tokens=self._default_max_tokens)
         try:
-            url = self.url()
+            post = self._post()
         except httpx.InvalidURL as exc:
             message = f"invalid URL {self._base + '/v1/messages'!r}: {exc}"
             raise ProviderError("not_found", message, fatal=True) from None
-        request = httpx.Request(
-            "POST", url, headers=self._headers, content=content, extensions=self._extensions
-        )
+        request = post.request(content)
         resp, raw = await exchange(self._transport, request, base=self._base)
         if resp.status_code != 200:
             raise error_from(

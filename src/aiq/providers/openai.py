@@ -11,6 +11,7 @@ import orjson
 from ..stops import openai_stop
 from ..usage import openai_usage
 from .base import (
+    Post,
     ProviderError,
     Reply,
     body_start,
@@ -86,15 +87,20 @@ class OpenAIProvider:
                 "pool": None,  # the worker pool bounds waiting already: queueing, not failure
             }
         }
-        self._urls: dict[str, httpx.URL] = {}
+        self._posts: dict[str, Post] = {}
 
     def url(self, endpoint: str) -> httpx.URL:
         """The full URL of an endpoint such as ``/v1/chat/completions``, parsed once."""
-        url = self._urls.get(endpoint)
-        if url is None:
+        return self._post(endpoint).url
+
+    def _post(self, endpoint: str) -> Post:
+        """How requests to ``endpoint`` are built, made once per endpoint."""
+        post = self._posts.get(endpoint)
+        if post is None:
             # Parsing a URL costs about as much as building the request; endpoints are few.
-            url = self._urls[endpoint] = httpx.URL(endpoint_url(self._base, endpoint))
-        return url
+            url = httpx.URL(endpoint_url(self._base, endpoint))
+            post = self._posts[endpoint] = Post(url, self._headers, self._extensions)
+        return post
 
     async def send(self, endpoint: str, body: bytes) -> Reply:
         """POST one request body; returns the Reply or raises a classified ProviderError."""
@@ -106,13 +112,11 @@ class OpenAIProvider:
                 "--provider anthropic",
             )
         try:
-            url = self.url(endpoint)
+            post = self._post(endpoint)
         except httpx.InvalidURL as exc:
             message = f"invalid URL {endpoint_url(self._base, endpoint)!r}: {exc}"
             raise ProviderError("not_found", message, fatal=True) from None
-        request = httpx.Request(
-            "POST", url, headers=self._headers, content=body, extensions=self._extensions
-        )
+        request = post.request(body)
         resp, content = await exchange(self._transport, request, base=self._base)
         if resp.status_code != 200:
             raise error_from(resp, content, key_env=self._key_env, secret=self._secret)
