@@ -750,3 +750,42 @@ def test_more_left_than_a_short_window_holds_is_not_sent_at_once() -> None:
     lim.observe(unlimited_info(requests=Window(14_400, 14_399, 6.0)))
     times = drain(lim, clock, 11)
     assert times[-1] - times[0] == pytest.approx(10 * 60 / 14_400 / HEADROOM)
+
+
+def _naive_ahead(budget: Budget, now: float) -> float:
+    return sum(e.cost for e in budget._log if e.at > now)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["book", "ask", "forget", "settle", "drop", "tick"]),
+            st.floats(0, 90),
+            st.floats(0, 50),
+        ),
+        max_size=80,
+    )
+)
+def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(ops) -> None:
+    """``Budget._ahead`` is kept up as bookings come and go (no walk of them per reply): it
+    always equals the sum of the log's bookings after ``now``, whatever the order of events."""
+    budget = Budget(1e9)
+    now, last_at, entries = 1000.0, 1000.0, []
+    for op, x, cost in ops:
+        if op == "book":
+            last_at = max(last_at, now) + x * (x > 45)  # now, or far ahead
+            entries.append(budget.book(last_at, cost))
+        elif op == "tick":
+            now += x / 10
+        elif op == "ask":
+            at = now - x / 10 if x > 80 else now  # now and then, an earlier time
+            assert budget._ahead(at) == pytest.approx(_naive_ahead(budget, at), abs=1e-6)
+        elif op in ("forget", "settle") and entries:
+            entry = entries[int(x) % len(entries)]
+            if entry.cost:  # (one taken back is no booking)
+                budget.forget(entry) if op == "forget" else budget.settle(entry, cost)
+        elif op == "drop":
+            budget.drop_ahead(now)
+            last_at = max([e.at for e in budget._log], default=last_at)
+        assert budget._ahead(now) == pytest.approx(_naive_ahead(budget, now), abs=1e-6)
