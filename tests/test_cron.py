@@ -62,7 +62,9 @@ def test_json_quiet_log_file_and_metrics(tmp_path: Path, server: FakeServer) -> 
     assert "aiq_last_run_exit_code 1" in text
     assert re.search(r"^aiq_last_run_end_timestamp_seconds \d+\.\d+$", text, re.M)
     for line in text.splitlines():  # Prometheus text format: comments or `name{labels} value`
-        assert line.startswith("# ") or re.match(r"^[a-z_]+(\{[a-z]+=\"[a-z]+\"\})? [\d.]+$", line)
+        assert line.startswith("# ") or re.match(
+            r"^[a-z_]+(\{[a-z_]+=\"[a-z_]+\"(,[a-z_]+=\"[a-z_]+\")*\})? [\d.]+$", line
+        )
 
     again = run_aiq("run", "m.jsonl", "--model", "m", "--json", cwd=tmp_path)
     summary = json.loads(again.stdout)  # nothing new: exits quickly, still one JSON object
