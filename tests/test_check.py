@@ -25,6 +25,8 @@ def _anthropic_env(key: str = API_KEY) -> dict[str, str]:
 
 
 def test_healthy_setup_is_all_ok(tmp_path: Path, server: FakeServer) -> None:
+    # The price the user pays, not aiq's list price: that one warns once it is 180 days old.
+    (tmp_path / "aiq.yaml").write_text("prices: {gpt-4o-mini: {input: 0.15, output: 0.6}}\n")
     code, found = _check(tmp_path, "--base-url", server.base_url, "--model", "gpt-4o-mini")
 
     assert code == 0

@@ -10,7 +10,7 @@ from conftest import aiq_env, run_aiq
 
 BOX = re.compile("[╭╮╰╯│─]")
 # one of each kind of option: flags and a FILE (run), a repeatable --id (replay-dead), --json
-COMMANDS = ["run", "replay-dead", "status"]
+COMMANDS = ["run", "replay-dead", "status", "prices"]
 
 
 def aiq(*args: str, cwd: Path) -> tuple[int, str, str]:

@@ -24,7 +24,15 @@ from .inputs import BadLine, Defaults, Request
 from .limiter import Limiters, RateLimiter
 from .outputs import Export, export_source
 from .preflight import CheckReport, Finding, run_checks
-from .pricing import DEFAULT_PRICES, PRICES_AS_OF, Price
+from .prices import PriceRow, prices_in_force
+from .pricing import (
+    DEFAULT_CHECKS,
+    DEFAULT_PRICES,
+    PRICE_MAX_AGE_DAYS,
+    PRICES_AS_OF,
+    Price,
+    PriceCheck,
+)
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
 from .records import EnqueueCounts, ModelUsage, Replayed, Stats, Target
 from .requestfile import read_requests
@@ -44,8 +52,10 @@ from .worker import Progress, RetryPolicy, Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_CHECKS",
     "DEFAULT_PRICES",
     "PRICES_AS_OF",
+    "PRICE_MAX_AGE_DAYS",
     "AiqError",
     "AnthropicProvider",
     "BadLine",
@@ -67,6 +77,8 @@ __all__ = [
     "OpenAIProvider",
     "OutputError",
     "Price",
+    "PriceCheck",
+    "PriceRow",
     "Progress",
     "ProviderError",
     "RateLimiter",
@@ -87,6 +99,7 @@ __all__ = [
     "export_outputs",
     "export_source",
     "forecast_file",
+    "prices_in_force",
     "read_requests",
     "replay_dead",
     "run_batch",

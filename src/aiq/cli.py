@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -24,7 +24,7 @@ from rich.console import Console
 # typer's own copy of click (typer >= 0.26, pinned in pyproject.toml): the errors it raises.
 from typer._click.exceptions import Abort, ClickException, NoArgsIsHelpError, NoSuchOption
 
-from . import __version__, preflight, report, runner
+from . import __version__, preflight, prices, report, runner
 from .config import Config
 from .errors import AiqError, UsageError
 from .outputs import open_log
@@ -450,6 +450,26 @@ def check(
         else:
             print("\n".join(map(str, result.findings)))
         raise typer.Exit(result.exit_code)
+
+    _guard(traceback, body)
+
+
+@app.command("prices")
+def prices_command(
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """The prices in force: aiq's dated list prices with the config's `prices:` over them."""
+
+    def body() -> None:
+        rows = prices.prices_in_force(_config(None, config).prices)
+        today = date.today()
+        if as_json:
+            print(json.dumps({"max_age_days": prices.PRICE_MAX_AGE_DAYS,
+                              "prices": [r.as_dict(today) for r in rows]}))  # fmt: skip
+        else:
+            print("\n".join(prices.table_lines(rows, today)))
 
     _guard(traceback, body)
 

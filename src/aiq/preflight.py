@@ -11,15 +11,16 @@ import difflib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from . import machine, routing
+from . import machine, prices, routing
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .errors import FatalProviderError, StoreError, UsageError
-from .pricing import DEFAULT_PRICES, PRICES_AS_OF, price_for
+from .pricing import PRICE_MAX_AGE_DAYS, Price
 from .providers.anthropic import ANTHROPIC_VERSION
 from .providers.base import error_message, secret_of
 from .providers.openai import endpoint_url
@@ -73,9 +74,13 @@ class CheckReport:
 
 
 async def run_checks(
-    resolve: Callable[[], Config], *, transport: httpx.AsyncBaseTransport | None = None
+    resolve: Callable[[], Config],
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    today: date | None = None,
 ) -> CheckReport:
-    """Run every check. ``resolve`` builds the Config, so a config error becomes findings."""
+    """Run every check. ``resolve`` builds the Config, so a config error becomes findings;
+    ``today`` (default: the clock's) dates the default prices."""
     try:
         config = resolve()
     except UsageError as exc:
@@ -98,7 +103,7 @@ async def run_checks(
             if found[0].subject == key.subject:
                 findings[-1] = found.pop(0)
             findings += found
-    findings.append(_price_finding(config))
+    findings += _price_findings(config, await _run_models(config), today or date.today())
     findings.append(_concurrency_finding(config))
     findings.append(await _store_finding(config.db))
     return CheckReport(findings)
@@ -303,26 +308,66 @@ def _concurrency_finding(c: Config) -> Finding:
     )
 
 
-def _price_finding(c: Config) -> Finding:
-    if c.model is None:
-        return Finding(OK, "price", "no default model to price; lines are priced by their model")
-    price = price_for(c.model, c.price_table)
-    if price is None:
-        status = FAIL if c.max_cost_usd is not None else WARN
+def _price_findings(c: Config, models: set[str], today: date) -> list[Finding]:
+    """A line for each model the run would send to: its price and where it came from; a
+    warning for a model with none (a failure under --max-cost, which refuses to run it), or
+    with a default checked over PRICE_MAX_AGE_DAYS before ``today``."""
+    if not models:
+        return [Finding(OK, "price", "no default model to price; lines are priced by their model")]
+    table = c.price_table
+    return [_price_finding(c, model, table, today) for model in sorted(models)]
+
+
+def _price_finding(c: Config, model: str, table: dict[str, Price], today: date) -> Finding:
+    how = f"set prices: {{{model}: {{input: USD, output: USD}}}} (per 1M tokens) in the config"
+    row = prices.row_for(model, table, c.prices)
+    if row is None:
         return Finding(
-            status,
+            FAIL if c.max_cost_usd is not None else WARN,
             "price",
-            f"none for {c.model}: its cost shows as unknown, and --max-cost refuses to run it",
-            f"add prices: {{{c.model}: {{input: USD, output: USD}}}} (per 1M tokens) to the config",
+            f"none for {model}: its cost shows as unknown, and --max-cost refuses to run it",
+            how,
         )
-    source = "the config" if c.model in c.prices else f"aiq's list prices as of {PRICES_AS_OF}"
-    note = "" if c.model in c.prices or c.model not in DEFAULT_PRICES else ", may be outdated"
+    p = row.price
+    figures = f"{model}: ${p.input_per_m:g} in / ${p.output_per_m:g} out per 1M tokens"
+    if row.check is None:
+        return Finding(OK, "price", f"{figures} (the config)")
+    when = row.check.checked
+    if when is None:
+        return Finding(OK, "price", f"{figures} ({row.check.where})")
+    if row.check.confirmed:
+        source = f"aiq's list price, checked {when.isoformat()} against {row.check.where}"
+    else:
+        source = f"aiq's list price of {when.isoformat()}, unverified: {row.check.where}"
+    if not row.stale(today):
+        return Finding(OK, "price", f"{figures} ({source})")
     return Finding(
-        OK,
+        WARN,
         "price",
-        f"{c.model}: ${price.input_per_m:g} in / ${price.output_per_m:g} out per 1M "
-        f"tokens ({source}{note})",
+        f"{figures} ({source}): {row.check.age_days(today)} days old, over "
+        f"{PRICE_MAX_AGE_DAYS}, so it may be out of date",
+        f"check the provider's pricing page and {how}; `aiq prices` shows the table in force",
     )
+
+
+async def _run_models(config: Config) -> set[str]:
+    """The models a run would send to: the config's default, and those the store's queued and
+    running jobs name (a job naming none takes the default)."""
+    named: set[str | None] = {config.model}
+    if config.db.exists():
+        try:
+            store = await JobStore.open(config.db, readonly=True)
+        except StoreError:
+            store = None  # the store's own finding says why
+        if store is not None:
+            try:
+                with store.errors():
+                    named |= await store.waiting_models()
+            except StoreError:
+                pass
+            finally:
+                await store.close()
+    return {m for m in named if m is not None}
 
 
 async def _aim(config: Config) -> tuple[Config, list[Finding]]:

@@ -1,9 +1,11 @@
 """What tokens cost: a price table per model, and the cost of a reply's usage.
 
-The default table holds public list prices (USD per million tokens) for common models **as of
-PRICES_AS_OF**, for the standard (not batch) rate, with the prompt-cache rates. Prices change
-and this table may be out of date: check your provider's pricing page, and put the prices you
-pay under ``prices:`` in the config, which overrides this table model by model. A model in
+The default table holds public list prices (USD per million tokens) for common models, for the
+standard (not batch) rate, with the prompt-cache rates; each is dated with where and when it
+was checked (:data:`DEFAULT_CHECKS`; ``aiq check`` warns of one older than
+:data:`PRICE_MAX_AGE_DAYS`). Prices change and this table may be out of date: check your
+provider's pricing page, and put the prices you pay under ``prices:`` in the config, which
+overrides this table model by model. A model in
 neither has no price: its cost is unknown (None), never 0, so a report cannot understate a bill.
 
 A reply's prompt is priced by kind (``aiq.usage``): OpenAI's cached input at
@@ -19,10 +21,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import date
 
 from .usage import Usage
 
-PRICES_AS_OF = "2025-11"
+PRICE_MAX_AGE_DAYS = 180  # a default price checked longer ago than this may be out of date
 # The providers' usual prompt-cache rates, as shares of the input price, for a model whose
 # price does not say. OpenAI: cached input is half the input price on the models that first
 # had prompt caching (GPT-4o, o1, o3-mini: OpenAI's prompt-caching guide, 2024-10); newer
@@ -33,6 +36,27 @@ CACHED_INPUT = 0.5
 CACHE_WRITE = 1.25
 CACHE_WRITE_1H = 2.0
 CACHE_READ = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class PriceCheck:
+    """When a default price was last checked against its source (None: it has no list price
+    to check, as the simulated provider's), and the source: a URL, or why there is none.
+    ``confirmed`` is False for a figure no source confirmed: ``checked`` is then the date it
+    was written down."""
+
+    checked: date | None
+    where: str
+    confirmed: bool = True
+
+    def age_days(self, today: date) -> int | None:
+        """Days since the check, on ``today``; None for a price with nothing to check."""
+        return None if self.checked is None else (today - self.checked).days
+
+    def stale(self, today: date, max_age_days: int = PRICE_MAX_AGE_DAYS) -> bool:
+        """Whether the check is older than ``max_age_days`` on ``today``."""
+        age = self.age_days(today)
+        return age is not None and age > max_age_days
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,47 +91,77 @@ class Price:
         return (prompt + u.tokens_out * self.output_per_m) / 1_000_000
 
 
-# USD per 1M tokens, list prices as of PRICES_AS_OF from the providers' pricing pages; may be
-# outdated. OpenAI's: (input, output, cached input; None where the model has no prompt cache).
-# The cached-input column was checked against third-party copies of OpenAI's page (2026-12),
-# not the page itself: unverified.
-_OPENAI: dict[str, tuple[float, float, float | None]] = {
-    "gpt-5": (1.25, 10.00, 0.125),
-    "gpt-5-mini": (0.25, 2.00, 0.025),
-    "gpt-5-nano": (0.05, 0.40, 0.005),
-    "gpt-4.1": (2.00, 8.00, 0.50),
-    "gpt-4.1-mini": (0.40, 1.60, 0.10),
-    "gpt-4.1-nano": (0.10, 0.40, 0.025),
-    "gpt-4o": (2.50, 10.00, 1.25),
-    "gpt-4o-mini": (0.15, 0.60, 0.075),
-    "o3": (2.00, 8.00, 0.50),
-    "o3-mini": (1.10, 4.40, 0.55),
-    "o4-mini": (1.10, 4.40, 0.275),
-    "gpt-3.5-turbo": (0.50, 1.50, None),
-    "gpt-3.5-turbo-instruct": (1.50, 2.00, None),
-    "text-embedding-3-small": (0.02, 0.0, None),
-    "text-embedding-3-large": (0.13, 0.0, None),
-    "aiq-simulated": (0.0, 0.0, 0.0),  # --provider simulated: sends nothing, costs nothing
+# Where and when each default price was checked. A check read the figures off the stored copy
+# of the provider's own page that the team's search tool holds (its crawl date is not known;
+# the newest Anthropic copy lists models released in 2026), on the date given. A figure no
+# provider page could confirm is kept, dated when it was written down (from memory, 2025-11),
+# and says so: dropping it would leave the model's cost unknown, and --max-cost would refuse
+# to run it, where third-party copies of the providers' pages agree with the figure. Being
+# older than PRICE_MAX_AGE_DAYS, such a price makes ``aiq check`` warn until it is checked.
+_UNCHECKED_ON = date(2025, 11, 1)
+_CHECKED_ON = date(2026, 12, 1)
+_ANTHROPIC_PAGE = "https://platform.claude.com/docs/en/docs/about-claude/pricing"
+
+
+def _openai_page(model: str) -> str:
+    return f"https://developers.openai.com/api/docs/models/{model}"
+
+
+_UNVERIFIED = PriceCheck(
+    _UNCHECKED_ON,
+    "from memory; no stored copy of an OpenAI page confirmed it, third-party copies agree",
+    confirmed=False,
+)
+
+# USD per 1M tokens, standard (not batch) list prices. OpenAI's: (input, output, cached input;
+# None where the model has no prompt cache), and the check.
+_OPENAI: dict[str, tuple[float, float, float | None, PriceCheck]] = {
+    "gpt-5": (1.25, 10.00, 0.125, _UNVERIFIED),
+    "gpt-5-mini": (0.25, 2.00, 0.025, PriceCheck(_CHECKED_ON, _openai_page("gpt-5-mini"))),
+    "gpt-5-nano": (0.05, 0.40, 0.005, PriceCheck(_CHECKED_ON, _openai_page("gpt-5-nano"))),
+    "gpt-4.1": (2.00, 8.00, 0.50, _UNVERIFIED),
+    "gpt-4.1-mini": (0.40, 1.60, 0.10, _UNVERIFIED),
+    "gpt-4.1-nano": (0.10, 0.40, 0.025, _UNVERIFIED),
+    "gpt-4o": (2.50, 10.00, 1.25, _UNVERIFIED),
+    "gpt-4o-mini": (0.15, 0.60, 0.075, _UNVERIFIED),
+    "o3": (2.00, 8.00, 0.50, _UNVERIFIED),
+    "o3-mini": (1.10, 4.40, 0.55, _UNVERIFIED),
+    "o4-mini": (1.10, 4.40, 0.275, _UNVERIFIED),
+    "gpt-3.5-turbo": (0.50, 1.50, None, _UNVERIFIED),
+    "gpt-3.5-turbo-instruct": (1.50, 2.00, None, _UNVERIFIED),
+    "text-embedding-3-small": (0.02, 0.0, None, _UNVERIFIED),
+    "text-embedding-3-large": (0.13, 0.0, None, _UNVERIFIED),
+    # --provider simulated: sends nothing, costs nothing; no list price, so never out of date.
+    "aiq-simulated": (0.0, 0.0, 0.0, PriceCheck(None, "aiq's simulated provider")),
 }
-# Anthropic's: (input, output); the cache rates are Anthropic's multiples of the input price.
-_CLAUDE: dict[str, tuple[float, float]] = {
-    "claude-opus-4-5": (5.00, 25.00),
-    "claude-opus-4-1": (15.00, 75.00),
-    "claude-opus-4": (15.00, 75.00),
-    "claude-sonnet-4-5": (3.00, 15.00),
-    "claude-sonnet-4": (3.00, 15.00),
-    "claude-3-7-sonnet": (3.00, 15.00),
-    "claude-haiku-4-5": (1.00, 5.00),
-    "claude-3-5-haiku": (0.80, 4.00),
-    "claude-3-haiku": (0.25, 1.25),
+# Anthropic's: (input, output, 5-minute cache write, cache read), all from its pricing page
+# ("Model pricing"), checked _CHECKED_ON; the 1-hour cache write is 2x input on every row.
+# Haiku 3's cache rates are not the usual multiples (1.2x and 0.12x), hence each row's own.
+_CLAUDE: dict[str, tuple[float, float, float, float]] = {
+    "claude-opus-4-5": (5.00, 25.00, 6.25, 0.50),
+    "claude-opus-4-1": (15.00, 75.00, 18.75, 1.50),
+    "claude-opus-4": (15.00, 75.00, 18.75, 1.50),
+    "claude-sonnet-4-5": (3.00, 15.00, 3.75, 0.30),
+    "claude-sonnet-4": (3.00, 15.00, 3.75, 0.30),
+    "claude-3-7-sonnet": (3.00, 15.00, 3.75, 0.30),
+    "claude-haiku-4-5": (1.00, 5.00, 1.25, 0.10),
+    "claude-3-5-haiku": (0.80, 4.00, 1.00, 0.08),
+    "claude-3-haiku": (0.25, 1.25, 0.30, 0.03),
 }
 DEFAULT_PRICES: dict[str, Price] = {
-    **{name: Price(i, o, cached_input_per_m=c) for name, (i, o, c) in _OPENAI.items()},
+    **{name: Price(i, o, cached_input_per_m=c) for name, (i, o, c, _) in _OPENAI.items()},
     **{
-        name: Price(i, o, cache_write_per_m=i * CACHE_WRITE, cache_read_per_m=i * CACHE_READ)
-        for name, (i, o) in _CLAUDE.items()
+        name: Price(i, o, cache_write_per_m=w, cache_read_per_m=r)
+        for name, (i, o, w, r) in _CLAUDE.items()
     },
 }
+# Each default price's check: when, and against what.
+DEFAULT_CHECKS: dict[str, PriceCheck] = {
+    **{name: row[3] for name, row in _OPENAI.items()},
+    **{name: PriceCheck(_CHECKED_ON, _ANTHROPIC_PAGE) for name in _CLAUDE},
+}
+# The oldest check of any default price, as a month.
+PRICES_AS_OF = min(c.checked for c in DEFAULT_CHECKS.values() if c.checked).strftime("%Y-%m")
 
 # A dated snapshot is priced as its family: gpt-4o-2024-08-06, claude-sonnet-4-5-20250929,
 # claude-3-5-haiku-latest. Only these suffixes: "o3-pro" is not "o3", and costs ten times more.
@@ -141,12 +195,18 @@ def _cache_rates_from(default: Price, price: Price) -> Price:
 
 def price_for(model: str | None, table: Mapping[str, Price]) -> Price | None:
     """The price of ``model`` (exact name, else its family without a date suffix), or None."""
+    name = priced_as(model, table)
+    return None if name is None else table[name]
+
+
+def priced_as(model: str | None, table: Mapping[str, object]) -> str | None:
+    """The name ``model`` is priced under in ``table``: its own, else its family's, or None."""
     if model is None:
         return None
-    if (price := table.get(model)) is not None:
-        return price
+    if model in table:
+        return model
     family = _SNAPSHOT.sub("", model)
-    return table.get(family) if family != model else None
+    return family if family != model and family in table else None
 
 
 _CACHE_KEYS = ("cached_input", "cache_write", "cache_read")  # optional, in Price's order
