@@ -103,6 +103,15 @@ Responses API references and Anthropic's Messages API reference; ../shared/PROVI
   has those fields of its ``usage`` set to those values, whatever they are (a negative count,
   a float, a string, null: a broken or hostile server; ``""`` marks every request).
 
+- ``chat_template``: ``(per_message, per_request)`` tokens a chat template adds to each chat
+  completion's ``prompt_tokens``, as a real server counts the prompt it formats, not only its
+  text; None: the text alone. ``GEMMA3_TEMPLATE`` is Gemma 3's under llama.cpp: ``<bos>`` once,
+  ``<start_of_turn>user\n … <end_of_turn>\n`` around each message (5 tokens) and the reply
+  primed with ``<start_of_turn>model\n`` (3): 9 for one message, as the issue measured
+  (Google's "Gemma formatting and system instructions", ai.google.dev/gemma/docs/core/
+  prompt-structure; its control tokens are single tokens in the tokenizer). OpenAI's cookbook
+  counts 3 and 3 for its chat models ("How to count tokens with tiktoken",
+  openai/openai-cookbook examples/How_to_count_tokens_with_tiktoken.ipynb).
 - ``reply_tokens``: an Anthropic reply's text is this many tokens long (cut off at the
   request's ``max_tokens``, ``stop_reason: "max_tokens"``), for output-token limits; None: a
   short sentence.
@@ -135,6 +144,8 @@ import orjson
 from aiohttp import web
 
 MODEL = "gpt-4o-mini"
+GEMMA3_TEMPLATE = (5, 4)  # chat_template: tokens a message, tokens a request (see above)
+OPENAI_TEMPLATE = (3, 3)
 EMBEDDING_DIM = 8
 
 # OpenAI's error bodies for the statuses a test can force with ``status_for_all``.
@@ -359,6 +370,15 @@ def message_reply(body: dict, prompt: str, reply_tokens: int | None = None) -> d
     return anthropic.message_reply(
         body, prompt, text, prompt_tokens, _tokens(text), stop_reason=stop_reason
     )
+
+
+def _add_template(usage: dict, body: Any, per_message: int, per_request: int) -> None:
+    """The ``chat_template`` knob: the formatted prompt's markers, counted in prompt_tokens."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    n = sum(isinstance(m, dict) for m in messages) if isinstance(messages, list) else 0
+    extra = per_message * n + per_request
+    usage["prompt_tokens"] += extra
+    usage["total_tokens"] += extra
 
 
 def _cache_and_reason(path: str, usage: dict, cached: int, reasoning: int) -> None:
@@ -705,6 +725,7 @@ class FakeServer:
         reasoning_tokens: int = 0,
         usage_patches: dict[str, dict[str, Any]] | None = None,
         reply_tokens: int | None = None,
+        chat_template: tuple[int, int] | None = None,
     ) -> None:
         self.reject_marker = reject_marker
         self.cut_off_marker = cut_off_marker
@@ -737,6 +758,7 @@ class FakeServer:
         self.reasoning_tokens = reasoning_tokens
         self.usage_patches = usage_patches or {}
         self.reply_tokens = reply_tokens
+        self.chat_template = chat_template
         self.max_in_flight = 0
         self._in_flight = 0
         self._check_knobs()
@@ -973,6 +995,8 @@ class FakeServer:
             anthropic.account_cache(payload, body, self._cached, _tokens)
         usage = payload.get("usage")
         if isinstance(usage, dict):
+            if self.chat_template is not None and path.endswith("/chat/completions"):
+                _add_template(usage, body, *self.chat_template)
             _cache_and_reason(path, usage, self.cached_tokens, self.reasoning_tokens)
             text = _all_text(path, body)
             for marker, fields in self.usage_patches.items():

@@ -21,11 +21,13 @@ def _line(custom_id: str, prompt: str, **extra: object) -> str:
 def test_forecast_counts_tokens_and_cost_per_model_and_the_eta(tmp_path: Path) -> None:
     (tmp_path / "aiq.yaml").write_text(CONFIG)
     (tmp_path / "p.jsonl").write_text(
-        _line("a", "x" * 40, max_tokens=100)  # 10 prompt tokens + 100 output
-        + _line("b", "y" * 41, max_tokens=100)  # 11 (ceil) + 100
+        # A prompt's tokens: a token per 4 characters, plus the chat template's 3 for its one
+        # message and 3 for the request (tokens.PER_MESSAGE, PER_REQUEST).
+        _line("a", "x" * 40, max_tokens=100)  # 10 + 6 prompt tokens + 100 output
+        + _line("b", "y" * 41, max_tokens=100)  # 11 (ceil) + 6 + 100
         + _line("dup", "x" * 40, max_tokens=100)  # the same request as "a": sent once
-        + _line("c", "z" * 8, model="gpt-4o-mini", max_tokens=10, n=2)  # 2 + 20, default price
-        + _line("d", "w" * 4, model="no-such-model", max_tokens=5)  # 1 + 5, no price
+        + _line("c", "z" * 8, model="gpt-4o-mini", max_tokens=10, n=2)  # 2 + 6 + 20, default price
+        + _line("d", "w" * 4, model="no-such-model", max_tokens=5)  # 1 + 6 + 5, no price
         + "{not json\n"
     )
 
@@ -40,18 +42,20 @@ def test_forecast_counts_tokens_and_cost_per_model_and_the_eta(tmp_path: Path) -
     assert (f["valid"], f["invalid"], f["duplicates"], f["requests"]) == (5, 1, 1, 4)
     models = {m["model"]: m for m in f["models"]}
     assert models["m"]["requests"] == 2
-    assert (models["m"]["prompt_tokens"], models["m"]["output_tokens"]) == (21, 200)
-    assert math.isclose(models["m"]["cost_usd"], (21 * 1.0 + 200 * 2.0) / 1e6)
+    assert (models["m"]["prompt_tokens"], models["m"]["output_tokens"]) == (33, 200)
+    assert math.isclose(models["m"]["cost_usd"], (33 * 1.0 + 200 * 2.0) / 1e6)
     mini = models["gpt-4o-mini"]
-    assert (mini["prompt_tokens"], mini["output_tokens"]) == (2, 20)
-    assert math.isclose(mini["cost_usd"], (2 * 0.15 + 20 * 0.60) / 1e6)  # pricing defaults
+    assert (mini["prompt_tokens"], mini["output_tokens"]) == (8, 20)
+    assert math.isclose(mini["cost_usd"], (8 * 0.15 + 20 * 0.60) / 1e6)  # pricing defaults
     assert models["no-such-model"]["cost_usd"] is None  # unknown, not 0
     assert f["unpriced_models"] == ["no-such-model"]
     assert math.isclose(f["cost_usd"], models["m"]["cost_usd"] + mini["cost_usd"])
-    assert f["tokens"] == 221 + 22 + 6
-    # Limits hold per model: model m's 221 tokens at 300/min take 44.2 s (its 2 requests at
+    assert f["tokens"] == 233 + 28 + 12
+    # Limits hold per model: model m's 233 tokens at 300/min take 46.6 s (its 2 requests at
     # 60/min, 2 s); the other models, side by side, take less. Tokens set the ETA.
-    assert (f["eta_s"], f["bottleneck"]) == (44.2, "tpm")
+    assert (f["eta_s"], f["bottleneck"]) == (46.6, "tpm")
+    # No store: nothing learned, so the prompts are the rule of thumb, and no margin figure.
+    assert models["m"]["prompt_basis"] is None and f["cost_usd_high"] is None
     assert not (tmp_path / ".aiq").exists()  # no store created
 
 

@@ -1,9 +1,13 @@
 """``aiq run FILE --dry-run``: what a file would send, cost and take, without sending anything.
 
-Tokens are estimated as the rate limiter books them (``tokens.estimate``): the prompt at about
-four characters a token, the output at its ceiling, ``max_tokens`` times ``n``. The cost is
-therefore an upper bound on output and a rough figure on input; a request that sets no
-``max_tokens`` has no output ceiling, and is counted (``unbounded``) rather than guessed.
+Output is counted at its ceiling, ``max_tokens`` times ``n``: a bound, as a provider never
+bills more (a request that sets no ``max_tokens`` has none, and is counted as ``unbounded``
+rather than guessed). Prompts are estimated (``tokens.estimate``): about four characters a
+token plus the chat template's few tokens a message and a request, then scaled by the ratio
+of real to estimated prompt tokens the store learned from the model's replies
+(``calibration``), where it has any. Neither is a bound on prompts, so the cost is called an
+estimate, with its basis; the figure at the highest ratio one reply showed (``cost_usd_high``)
+bounds it only as far as no prompt runs higher than every one seen.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 import orjson
 
 from . import tokens
+from .calibration import PromptRatio
 from .inputs import KEEP_BAD_LINES, BadLine, Request
 from .pricing import Price, price_for
 from .records import k64
@@ -26,10 +31,24 @@ class ModelForecast:
 
     model: str | None
     price: Price | None
+    learned: PromptRatio | None = None  # how the model's real prompts ran from the estimate
     requests: int = 0
-    prompt_tokens: int = 0
+    estimated_prompt_tokens: int = 0  # by the rule of thumb, before any learned ratio
     output_tokens: int = 0  # the ceiling: max_tokens x n
     unbounded: int = 0  # requests without max_tokens: their output is not counted
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompts' tokens: the estimate at the learned ratio, if any."""
+        ratio = 1.0 if self.learned is None else self.learned.ratio
+        return round(self.estimated_prompt_tokens * ratio)
+
+    @property
+    def prompt_tokens_high(self) -> int | None:
+        """At the highest ratio one reply showed; None while nothing is learned."""
+        if self.learned is None:
+            return None
+        return round(self.estimated_prompt_tokens * max(1.0, self.learned.highest))
 
     @property
     def cost_usd(self) -> float | None:
@@ -38,14 +57,45 @@ class ModelForecast:
             return None
         return self.price.cost_usd(self.prompt_tokens, self.output_tokens)
 
+    @property
+    def cost_usd_high(self) -> float | None:
+        """The cost with prompts at the highest ratio seen; None: no price, or none learned."""
+        high = self.prompt_tokens_high
+        if self.price is None or high is None:
+            return None
+        return self.price.cost_usd(high, self.output_tokens)
+
+    @property
+    def basis(self) -> str:
+        """What the prompt figure stands on, in words."""
+        if self.learned is None:
+            return (
+                f"about {tokens.CHARS_PER_TOKEN:g} characters a token plus "
+                f"{tokens.PER_MESSAGE} a message and {tokens.PER_REQUEST} a request "
+                f"(no replies of {self.model or '(none)'} in the store to learn from)"
+            )
+        n = self.learned.replies
+        return (
+            f"the ratio learned from {n:,} {'reply' if n == 1 else 'replies'} of "
+            f"{self.model or '(none)'} (x{self.learned.ratio:.2f} the rule of thumb; "
+            f"the highest one reply showed: x{self.learned.highest:.2f})"
+        )
+
     def as_dict(self) -> dict[str, Any]:
+        learned = self.learned
         return {
             "model": self.model,
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_high": self.prompt_tokens_high,
+            "estimated_prompt_tokens": self.estimated_prompt_tokens,
+            "prompt_basis": None
+            if learned is None
+            else {"replies": learned.replies, "ratio": learned.ratio, "highest": learned.highest},
             "output_tokens": self.output_tokens,
             "unbounded_requests": self.unbounded,
             "cost_usd": self.cost_usd,
+            "cost_usd_high": self.cost_usd_high,
             "price": None
             if self.price is None
             else {"input": self.price.input_per_m, "output": self.price.output_per_m},
@@ -86,6 +136,16 @@ class Forecast:
         """Estimated total; None when no model sent to has a price (see ``unpriced``)."""
         costs = [c for m in self.models.values() if (c := m.cost_usd) is not None]
         return sum(costs) if costs or not self.requests else None
+
+    @property
+    def cost_usd_high(self) -> float | None:
+        """The total with every model's prompts at the highest ratio one of its replies
+        showed; None unless every priced model sent to has learned one."""
+        priced = [m for m in self.models.values() if m.requests and m.price is not None]
+        highs = [m.cost_usd_high for m in priced]
+        if not priced or any(h is None for h in highs):
+            return None
+        return sum(h for h in highs if h is not None)
 
     @property
     def unpriced(self) -> list[str | None]:
@@ -132,6 +192,7 @@ class Forecast:
             "requests": self.requests,
             "tokens": self.tokens,
             "cost_usd": self.cost_usd,
+            "cost_usd_high": self.cost_usd_high,
             "unpriced_models": self.unpriced,
             "rpm": self.rpm,
             "tpm": self.tpm,
@@ -151,10 +212,16 @@ class Forecaster:
     """
 
     def __init__(
-        self, forecast: Forecast, prices: Mapping[str, Price], *, default_output: int = 0
+        self,
+        forecast: Forecast,
+        prices: Mapping[str, Price],
+        *,
+        default_output: int = 0,
+        learned: Mapping[str | None, PromptRatio] | None = None,
     ) -> None:
         self.forecast = forecast
         self._prices = prices
+        self._learned = learned or {}
         self._default_output = default_output
         self._seen: set[int] = set()  # job keys (first 8 bytes) already counted
 
@@ -188,11 +255,11 @@ class Forecaster:
             m = self.forecast.models.get(model)
             if m is None:
                 m = self.forecast.models[model] = ModelForecast(
-                    model, price_for(model, self._prices)
+                    model, price_for(model, self._prices), self._learned.get(model)
                 )
-            cost = tokens.estimate(req.body)
+            cost = tokens.estimate(req.body, endpoint=req.endpoint)
             reserved = cost.reserved or self._default_output
             m.requests += 1
-            m.prompt_tokens += cost.prompt
+            m.estimated_prompt_tokens += cost.prompt
             m.output_tokens += reserved
             m.unbounded += not reserved

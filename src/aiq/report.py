@@ -59,22 +59,37 @@ def forecast_lines(f: Forecast) -> list[str]:
             f"{m.prompt_tokens:>10,} prompt + {m.output_tokens:>10,} output tokens  {cost}"
         )
     lines.append(f"  {'total':<{width}}  {f.requests:>8,} requests  {f.tokens:>10,} tokens  "
-                 f"{usd(f.cost_usd)}")  # fmt: skip
+                 f"{usd(f.cost_usd)}" + (" (an estimate)" if f.requests else ""))  # fmt: skip
     if f.unpriced:
         names = ", ".join(str(m) for m in f.unpriced)
         lines.append(
             f"no price for {names}: left out of the total; add it under `prices:` in the config"
         )
+    lines.extend(_basis_lines(f))
+    lines.append(PRICES_NOTE)
+    lines.append(_eta_line(f))
+    return lines
+
+
+def _basis_lines(f: Forecast) -> list[str]:
+    """What the figures stand on: output at its ceiling is a bound, prompts are estimated."""
+    lines = []
     unbounded = sum(m.unbounded for m in f.models.values())
     if unbounded:
         lines.append(
             f"{plural(unbounded, 'request')} set no max_tokens: their output is not in the "
-            "estimate (set max_tokens for an upper bound)"
+            "estimate (set max_tokens to bound it)"
         )
     else:
-        lines.append("output is counted at its ceiling (max_tokens x n): an upper bound")
-    lines.append(PRICES_NOTE)
-    lines.append(_eta_line(f))
+        lines.append("output is counted at its ceiling (max_tokens x n): an upper bound on output")
+    for m in f.models.values():
+        if m.requests:
+            lines.append(f"prompts of {m.model or '(none)'}: an estimate, at {m.basis}")
+    if (high := f.cost_usd_high) is not None:
+        lines.append(
+            f"with every prompt at the highest ratio one reply showed, the cost would be "
+            f"{usd(high)}: a margin, not a bound (prompts unlike those seen may run higher)"
+        )
     return lines
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from . import machine, routing
+from . import calibration, machine, routing
 from .breaker import Breakers
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .costs import CostMeter
@@ -269,6 +269,7 @@ async def run_batch(
                 stopped = await _work(worker, config, tick, progress_interval_s, handle_signals)
             finally:
                 await transport.aclose()
+            await calibration.learn(store)  # for the next --dry-run's prompt figures
             # A run that changed nothing leaves files that already say what the store holds.
             exports = await _export_all(store, config, input_path, out, dead, skip_unchanged=True)
             summary = RunSummary(
@@ -460,7 +461,6 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
     default_output = 0
     if config.provider == "anthropic":  # it requires max_tokens; aiq sends the default
         default_output = config.max_tokens or DEFAULT_MAX_TOKENS
-    counter = Forecaster(forecast, config.price_table, default_output=default_output)
     async with contextlib.AsyncExitStack() as stack:
         store: JobStore | None = None
         if config.db.exists():
@@ -468,6 +468,10 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
                 store = await stack.enter_async_context(open_store(config, readonly=True))
             except StoreError as exc:
                 forecast.store_note = f"the store was not consulted: {exc}"
+        learned = await calibration.current(store) if store is not None else {}
+        counter = Forecaster(
+            forecast, config.price_table, default_output=default_output, learned=learned
+        )
         reader = read_requests(path, config.defaults)
         for batch in reader.batches(10_000):
             fresh = counter.add(batch)

@@ -226,6 +226,36 @@ class JobStore:
                 (f"export:{source.id}", orjson.dumps(stamp).decode()),
             )
 
+    async def meta_values(self, prefix: str) -> dict[str, str]:
+        """The ``meta`` rows whose name starts with ``prefix`` (as written, not a pattern)."""
+        rows = await self._db.execute_fetchall(
+            "SELECT name, value FROM meta WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
+        )
+        return {name: value for name, value in rows}
+
+    async def save_meta(self, values: dict[str, str]) -> None:
+        """Keep these ``meta`` rows; not a change of the jobs (what aiq learned about them)."""
+        async with _Transaction(self._db, count=False):
+            await self._db.executemany(
+                "INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", list(values.items())
+            )
+
+    async def done_prompts(
+        self, *, since: float, limit: int
+    ) -> tuple[list[tuple[str | None, str, bytes, int]], float]:
+        """The newest ``limit`` done jobs finished after ``since`` whose reply counted its
+        prompt: (model, endpoint, body, tokens_in) each, and when the newest finished."""
+        # The newest found first by id and time alone, then their bodies: sorting the rows
+        # whole (body and all) took 1.7 s at 300,000 jobs.
+        rows = await self._db.execute_fetchall(
+            "SELECT model, endpoint, body, tokens_in, finished_at FROM jobs WHERE id IN ("
+            "SELECT id FROM jobs WHERE state = ? AND tokens_in > 0 AND finished_at > ? "
+            "ORDER BY finished_at DESC LIMIT ?)",
+            (DONE, since, limit),
+        )
+        newest = max((r[4] for r in rows), default=since)
+        return [(m, e, bytes(b), t) for m, e, b, t, _ in rows], newest
+
     # -- where the jobs go ------------------------------------------------------------------
 
     async def target(self) -> Target | None:
