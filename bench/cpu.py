@@ -54,8 +54,8 @@ class PaddedServer(FakeServer):
         self.statuses: dict[int, int] = {}
         super().__init__(**knobs)
 
-    def _build(self, path: str, body: Any, prompt: str) -> dict:
-        payload = super()._build(path, body, prompt)
+    def _build(self, path: str, body: Any, prompt: str, cost: Any = None) -> dict:
+        payload = super()._build(path, body, prompt, cost)
         message = payload["choices"][0]["message"]
         text = message["content"]
         message["content"] = (text + " " + "lorem ipsum " * (self._reply_bytes // 12))[
