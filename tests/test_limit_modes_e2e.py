@@ -176,8 +176,8 @@ class FromFirstRequest(fl.Mode):
     def admit(self, now: float, cost: fl.Cost) -> fl.Refused | None:
         return self._at(now).admit(now, cost)
 
-    def settle(self, now: float, usage: dict[str, Any]) -> None:
-        self._at(now).settle(now, usage)
+    def settle(self, now: float, usage: dict[str, Any], cost: fl.Cost | None = None) -> None:
+        self._at(now).settle(now, usage, cost)
 
     def headers(self, now: float) -> dict[str, str]:
         return self._at(now).headers(now)

@@ -35,6 +35,8 @@ RAISE_EVERY_S = 10.0
 # 429s in a row (no request through between) that show a limit: a lone 429 now and then is
 # a busy server's (the simulated provider's 5%), not a window's count, and must not become one.
 IN_A_ROW = 3
+# How late a window's turn may be taken (a guess's margin, a retry-after in whole seconds).
+LATE_S = 1.0
 # A window guessed at is tried this long after the 429 before its guessed turn: a server
 # whose minute is not the clock's, or that refills sooner, is found then.
 CHECK_S = 1.0
@@ -138,13 +140,15 @@ class RefusalLimit:
             self.limit = max(1.0, got)
             self._booked[k] = self.limit
             return
-        # (A guessed turn is a little late, its start too: from a second before.)
-        got = self._count(window_end - SPAN_S - (0.0 if exact else 1.0))
+        # The turn is a little late (a guess, a whole-second retry-after rounded up, a reply a
+        # latency old), its start too: counted from a second before.
+        start = window_end - SPAN_S - LATE_S
+        got = self._count(start)
         if got < 1:
             if self.limit is None:
                 return  # nothing got through to learn from: the 429's own pause is all
             got = self.limit  # a probe refused: the window had not turned
-        self.limit, self._learned = got, (window_end - SPAN_S, window_end)
+        self.limit, self._learned = got, (start, window_end)
         self._start_windows(window_end, got)
         self._confirmed = exact
         self._probe_at = math.inf if exact else min(window_end, now + CHECK_S)
