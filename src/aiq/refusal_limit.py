@@ -71,7 +71,9 @@ class RefusalLimit:
         return None if self.limit is None else self.limit * 60.0 / SPAN_S
 
     def _index(self, at: float) -> int:
-        return math.floor((at - self._phase) / SPAN_S)
+        # (A hair over: a window's start, ``phase + k * SPAN_S``, must fall in window k, not
+        # a float rounding short of it in k - 1.)
+        return math.floor((at - self._phase) / SPAN_S + 1e-9)
 
     def _start_windows(self, end: float, booked: float) -> None:
         """Windows from one ending at ``end``, which holds ``booked``."""
