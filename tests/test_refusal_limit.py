@@ -81,7 +81,7 @@ def run(
             lim.refund(ticket)
             if given_s is not None:
                 given_s = max(0.0, given_s - LATENCY_S)  # (its reply is a latency old)
-            wait_s = lim.rate_limited(given_s, upper_bound=hint == "llm_provider")
+            wait_s = lim.rate_limited(given_s, upper_bound=hint == "llm_provider", ticket=ticket)
             rounds = streak.refused()
             if wait_s is None:  # the worker's backoff for a 429 with no hint, at its longest
                 wait_s = backoff.delay(rounds, rand=lambda: 1.0)
@@ -212,3 +212,53 @@ def test_nothing_learned_while_the_server_answers() -> None:
     asyncio.run(go())
     assert lim.limits.rpm is None
     assert clock.now == 1000.0
+
+
+def test_429s_now_and_then_teach_no_limit() -> None:
+    """A busy server refusing one request in twenty (the simulated provider's transient 429s),
+    three in a row once: eight in flight, answers in the order sent. No limit is learned, and
+    nothing is held back: the answers to requests sent before a 429 do not make a streak of
+    it, the next one sent gets through."""
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    refused = {i for i in range(2000) if i % 20 == 7} | {300, 301, 302}
+    in_flight: list[tuple[int, object]] = []
+    for i in range(2000):
+        ticket = lim.ticket_now()
+        assert ticket is not None, f"held back at request {i}"
+        in_flight.append((i, ticket))
+        clock.now += 0.01
+        if len(in_flight) == 8:
+            j, answered = in_flight.pop(0)
+            if j in refused:
+                lim.refund(answered)  # type: ignore[arg-type]
+                lim.rate_limited(0.1, ticket=answered)  # type: ignore[arg-type]
+                clock.now += 0.1  # (the pause it asked for)
+            else:
+                lim.settle(answered, 0)  # type: ignore[arg-type]
+    assert lim.limits.rpm is None
+
+
+def test_five_429s_in_a_row_after_the_last_success_sent_teach_one() -> None:
+    """The same server at a limit: every request sent after the 150th is refused, though
+    answers to earlier ones still come back between the refusals."""
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: 30.0)  # type: ignore[arg-type]
+    tickets = []
+    for _ in range(160):
+        ticket = lim.ticket_now()
+        assert ticket is not None
+        tickets.append(ticket)
+        clock.now += 0.001
+    order, lo, hi = [], 0, 159  # answered first, last, second, last but one...: mixed
+    while lo <= hi:
+        order += [lo, hi] if lo < hi else [lo]
+        lo, hi = lo + 1, hi - 1
+    for i in order:
+        answered = tickets[i]
+        if i < 150:
+            lim.settle(answered, 0)
+        else:
+            lim.refund(answered)
+            lim.rate_limited(None, ticket=answered)
+    assert lim.limits.rpm == 150

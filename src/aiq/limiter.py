@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .budget import CALENDAR_MARGIN_S, HEADROOM, WINDOW_S, Budget, RequestTooLarge, _Entry
 from .ratelimit_headers import RateLimitInfo
-from .refusal_limit import PROBE_WAIT_S, RefusalLimit
+from .refusal_limit import CHECK_S, PROBE_WAIT_S, RefusalLimit
 from .split_tokens import NO_SPLIT, SplitCost, SplitTokens
 
 __all__ = ["HEADROOM", "WINDOW_S", "Budget", "Limiters", "RateLimiter", "RequestTooLarge", "Ticket"]
@@ -416,7 +416,11 @@ class RateLimiter:
         self._rebook()
 
     def rate_limited(
-        self, retry_after_s: float | None = None, *, upper_bound: bool = False
+        self,
+        retry_after_s: float | None = None,
+        *,
+        upper_bound: bool = False,
+        ticket: Ticket | None = None,
     ) -> float | None:
         """The provider answered 429, asking to wait ``retry_after_s`` (None: no hint);
         returns how long to wait as far as its window goes (None: no hint to go by).
@@ -436,13 +440,17 @@ class RateLimiter:
         exact = retry_after_s is not None and not upper_bound
         ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
         refusal = self._refusal
-        refusal.refused(now, now + ends_in, exact=exact)
+        sent_at = ticket.sent_at if ticket is not None else None
+        refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at)
         if refusal.limit is not None:
             self._rebook()  # senders let go, or held for a probe, book again
         # A turn guessed at: wait for the next probe, no longer (the probes are the backoff).
         probe_in_s = max(0.0, refusal.probe_at - now)
         if retry_after_s is not None and upper_bound:
-            retry_after_s = min(retry_after_s, minute_s, probe_in_s)
+            # (Before a limit is learned, a look a second later: the clock's minute is only
+            # a guess, and a pause to it would outlast the probes once one is.)
+            first_s = probe_in_s if refusal.limit is not None else CHECK_S
+            retry_after_s = min(retry_after_s, minute_s, first_s)
         elif retry_after_s is None and probe_in_s < math.inf:
             retry_after_s = probe_in_s
         return retry_after_s

@@ -1,10 +1,10 @@
 """A request limit learned from 429s, for a server that reports none.
 
 Most gateways and self-hosted servers send no rate-limit headers (PROVIDERS.md): the first
-429 is all a client learns. What got through before 429s in a row is the server's limit (less any
-other client's share), and its window is the one the 429 names. So from then on aiq sends that
-many per window, each window's at its start, and none over: a fixed window's count is met
-with no further 429.
+429 is all a client learns. What got through before five 429s in a row is the server's limit
+(less any other client's share), and its window is the one the 429 names. So from then on
+aiq sends that many per window, each window's at its start, and none over: a fixed window's
+count is met with no further 429.
 
 - **A ``retry-after``** says when the window turns (LiteLLM's parallel limiter: the seconds
   to the next minute); the next window's count goes then.
@@ -32,9 +32,12 @@ PROBE_WAIT_S = 5.0
 # Paced (no fixed windows), the pace is raised by a fifth after this long with no 429 while
 # it holds the run back: a bucket refills faster than a burst into it showed.
 RAISE_EVERY_S = 10.0
-# 429s in a row (no request through between) that show a limit: a lone 429 now and then is
-# a busy server's (the simulated provider's 5%), not a window's count, and must not become one.
-IN_A_ROW = 3
+# 429s in a row that show a limit: no request sent after the first of them got through (one
+# sent before it may still come back: it was counted before the limit was met). A 429 now
+# and then is a busy server's (the simulated provider's 5%), not a window's count, and the
+# next request sent gets through: it must not become one (five in a row of a random 5%: one
+# in three million requests).
+IN_A_ROW = 5
 # How late a window's turn may be taken (a guess's margin, a retry-after in whole seconds).
 LATE_S = 1.0
 # A window guessed at is tried this long after the 429 before its guessed turn: a server
@@ -61,7 +64,8 @@ class RefusalLimit:
         self._probes = 0  # refused since the 429 that began guessing
         self.paced: Budget | None = None  # a server whose windows are not fixed: the pace
         self._raised_at = -math.inf  # paced: the last 429 or raise
-        self._in_a_row = 0  # 429s since a request last got through
+        self._in_a_row = 0  # 429s since a request sent after the first of them got through
+        self._row_from = -math.inf  # when the first of them was sent
 
     @property
     def per_minute(self) -> float | None:
@@ -87,7 +91,8 @@ class RefusalLimit:
 
         One sent in the window the limit was learned from was still in flight at its 429,
         so the window allows it too."""
-        self._in_a_row = 0
+        if sent_at >= self._row_from:
+            self._in_a_row = 0
         through = self._through
         through.append(sent_at)
         while through[0] < now - 2 * SPAN_S:  # (answers come back nearly in send order)
@@ -110,9 +115,13 @@ class RefusalLimit:
             self._booked[k] = self._booked.get(k, 0.0) + 1
         return False
 
-    def refused(self, now: float, window_end: float, *, exact: bool) -> None:
-        """A 429 at ``now``, from a window that turns at ``window_end``: as the server said
-        (``exact``), or as guessed."""
+    def refused(
+        self, now: float, window_end: float, *, exact: bool, sent_at: float | None = None
+    ) -> None:
+        """A 429 at ``now`` to a request sent at ``sent_at`` (None: now), from a window that
+        turns at ``window_end``: as the server said (``exact``), or as guessed."""
+        if not self._in_a_row:
+            self._row_from = now if sent_at is None else sent_at
         self._in_a_row += 1
         if self.limit is None and self._in_a_row < IN_A_ROW:
             return  # not yet a limit's

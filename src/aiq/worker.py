@@ -689,7 +689,9 @@ class Worker:
         if rate_limited:
             limiter.refund(ticket)  # a 429 is not counted against the limits
             # ...and says to pace instead of bursting, or shows a limit nobody reported.
-            retry_after_s = limiter.rate_limited(retry_after_s, upper_bound=err.retry_after_upper)
+            retry_after_s = limiter.rate_limited(
+                retry_after_s, upper_bound=err.retry_after_upper, ticket=ticket
+            )
         else:
             limiter.answered(ticket, through=err.status_code is not None)
             if self._auto is not None and self._auto.refused(self.progress.in_flight):
