@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -108,24 +109,8 @@ def test_a_hang_among_the_first_calls_is_cut_once_the_timeout_is_learned(tmp_pat
         return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
 
     timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
-
-    async def main() -> tuple[Worker, Stats]:
-        store = await JobStore.open(tmp_path / "s.db")
-        source = await store.add_source(str(path), out_path="o", dead_path="d")
-        await store.enqueue(source, read_requests(path, Defaults(model="m")))
-        provider = OpenAIProvider(
-            httpx.MockTransport(handler), base_url="http://api.test/v1", api_key=API_KEY
-        )
-        retry = RetryPolicy(base_s=0.01, cap_s=0.01)
-        worker = Worker(store, provider, concurrency=4, timeouts=timeouts, retry=retry)
-        try:
-            await asyncio.wait_for(worker.run(), 10)  # a hang waited out would take 30 s
-            return worker, await store.stats()
-        finally:
-            await store.close()
-
     began = time.monotonic()
-    worker, stats = asyncio.run(main())
+    worker, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=4))
     assert time.monotonic() - began < 5
     assert stats.counts["done"] == 12 and stats.timeouts == 1
     assert worker.progress.timeouts == 1 and calls.count("q0") == 2
@@ -150,23 +135,27 @@ def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
         return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
 
     timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
-
-    async def main() -> Stats:
-        store = await JobStore.open(tmp_path / "s.db")
-        source = await store.add_source(str(path), out_path="o", dead_path="d")
-        await store.enqueue(source, read_requests(path, Defaults(model="m")))
-        provider = OpenAIProvider(
-            httpx.MockTransport(handler), base_url="http://api.test/v1", api_key=API_KEY
-        )
-        retry = RetryPolicy(base_s=0.01, cap_s=0.01)
-        worker = Worker(store, provider, concurrency=1, timeouts=timeouts, retry=retry)
-        try:
-            await asyncio.wait_for(worker.run(), 10)
-            return await store.stats()
-        finally:
-            await store.close()
-
-    stats = asyncio.run(main())
+    _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=1))
     assert stats.counts["done"] == 12 and stats.timeouts == 1
     assert timeouts.learned_s("m") == 1.0
     assert len(hung) == 1 and 1.0 <= hung[0] < 1.0 + 0.1 + 0.15, hung
+
+
+async def _run_mocked(
+    tmp_path: Path, path: Path, handler: Any, timeouts: Timeouts, *, concurrency: int
+) -> tuple[Worker, Stats]:
+    """``path``'s jobs through a Worker over a MockTransport answering with ``handler``
+    (in-process: a hang's own sleep can be measured), fast retries; the worker and the stats."""
+    store = await JobStore.open(tmp_path / "s.db")
+    source = await store.add_source(str(path), out_path="o", dead_path="d")
+    await store.enqueue(source, read_requests(path, Defaults(model="m")))
+    provider = OpenAIProvider(
+        httpx.MockTransport(handler), base_url="http://api.test/v1", api_key=API_KEY
+    )
+    retry = RetryPolicy(base_s=0.01, cap_s=0.01)
+    worker = Worker(store, provider, concurrency=concurrency, timeouts=timeouts, retry=retry)
+    try:
+        await asyncio.wait_for(worker.run(), 10)  # a hang waited out would take 30 s
+        return worker, await store.stats()
+    finally:
+        await store.close()
