@@ -537,12 +537,26 @@ def main() -> None:
     except Abort:  # end of input at a prompt; aiq has none, but typer may raise it
         print("error: aborted", file=sys.stderr)
         code = 1
+    finally:
+        if _signalled:
+            # Files being written are gone by now (their context managers ran as SystemExit
+            # unwound). A store the signal cut off before it closed leaves aiosqlite's thread
+            # (not a daemon) waiting for work, and the interpreter would wait for it at exit:
+            # an export stopped by SIGTERM hung instead of exiting (tests/test_bad_env.py).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_signalled = False
 
 
 def _terminated(signum: int, frame: object) -> None:
     # 130 for any signal, as for Ctrl-C and as `run` exits when a signal stops it (DESIGN.md's
     # exit codes): a wrapper must not see 143 or 130 depending on when SIGTERM landed.
+    global _signalled
+    _signalled = True
     raise SystemExit(130)
 
 
