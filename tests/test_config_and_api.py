@@ -11,9 +11,10 @@ import pytest
 
 import aiq
 from aiq.config import Config
+from aiq.durations import fmt_duration
 from aiq.errors import AiqError, UsageError
-from aiq.progress import PlainProgress, fmt_duration
-from aiq.worker import Progress
+from aiq.progress import PlainProgress
+from aiq.run_records import Progress
 
 
 def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiq.errors import InputError
+from aiq.idset import IdSet
 from aiq.inputs import (
     CHAT,
     COMPLETIONS,
@@ -24,7 +25,7 @@ from aiq.inputs import (
     job_key,
     parse_line,
 )
-from aiq.requestfile import IdSet, read_requests
+from aiq.requestfile import read_requests
 
 M = Defaults(model="m")
 

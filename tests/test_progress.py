@@ -20,7 +20,7 @@ import aiq.worker
 from aiq import runner
 from aiq.config import Config
 from aiq.progress import LiveProgress, PlainProgress, summary_line, wants_live_panel
-from aiq.worker import Progress
+from aiq.run_records import Progress
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 BIG = Progress(

@@ -15,8 +15,8 @@ from rich.console import Console
 
 from aiq.limiter import Limiters, RateLimiter
 from aiq.progress import LiveProgress, summary_line
+from aiq.run_records import Progress
 from aiq.waits import ModelLimits, limits_text, waiting_text
-from aiq.worker import Progress
 
 NOW = 1_800_000_000.0
 

@@ -26,8 +26,9 @@ from aiq.providers.base import ProviderError
 from aiq.providers.openai import OpenAIProvider
 from aiq.records import DEAD, DONE, QUEUED, RUNNING, Job, Outcome, Source
 from aiq.requestfile import read_requests
+from aiq.run_records import Progress
 from aiq.store import RESULT_COLUMNS, JobStore
-from aiq.worker import Progress, RetryPolicy, Worker
+from aiq.worker import RetryPolicy, Worker
 
 KEY = "sk-test-worker"
 BASE_URL = "http://api.test/v1"

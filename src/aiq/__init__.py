@@ -22,7 +22,7 @@ from .errors import (
 from .forecast import Forecast
 from .inputs import BadLine, Defaults, Request
 from .limiter import Limiters, RateLimiter
-from .outputs import Export, export_source
+from .outputs import export_source
 from .preflight import CheckReport, Finding, run_checks
 from .prices import PriceRow, prices_in_force
 from .pricing import (
@@ -36,8 +36,8 @@ from .pricing import (
 from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
 from .records import EnqueueCounts, ModelUsage, Replayed, Stats, Target
 from .requestfile import read_requests
+from .run_records import Export, Progress, RunSummary
 from .runner import (
-    RunSummary,
     add_file,
     export_outputs,
     forecast_file,
@@ -47,7 +47,7 @@ from .runner import (
 )
 from .store import JobStore
 from .usage import Usage
-from .worker import Progress, RetryPolicy, Worker
+from .worker import RetryPolicy, Worker
 
 __version__ = "0.1.0"
 

@@ -30,7 +30,8 @@ from .errors import AiqError, UsageError
 from .outputs import open_log
 from .progress import LiveProgress, PlainProgress, wants_live_panel
 from .records import EnqueueCounts
-from .report import plural
+from .run_records import RunSummary
+from .text import plural
 
 app = typer.Typer(
     add_completion=False,
@@ -243,7 +244,7 @@ class _Display:
         sys.stderr.writelines(f"{line}\n" for line in lines)
         self._write_log(lines)
 
-    def summary(self, s: runner.RunSummary) -> None:
+    def summary(self, s: RunSummary) -> None:
         self._stop_shows()  # the panel's last frame first, then the summary under it
         lines = report.run_summary_lines(s)
         if self.as_json:

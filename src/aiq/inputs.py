@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import orjson
 
 if TYPE_CHECKING:
-    from .requestfile import IdSet
+    from .idset import IdSet
 
 # Bump when the canonical form changes: old keys then stop matching new ones visibly.
 KEY_TAG = b"aiq-key-v1\n"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .errors import OutputError
 from .outputs import write_atomic
 from .records import Stats
-from .worker import Progress
+from .run_records import Progress
 
 
 @dataclass(slots=True)

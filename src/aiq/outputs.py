@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TextIO
@@ -21,22 +20,11 @@ import orjson
 
 from .errors import OutputError
 from .records import DEAD, DONE, Source
+from .run_records import Export
 from .stops import TRUNCATED
 from .store import JobStore
 
 _BUFFER = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Export:
-    """What one export wrote for one input file."""
-
-    source: str
-    results_path: str
-    dead_path: str
-    results: int
-    dead: int
-    written: bool = True  # False: the files were already what the store holds
 
 
 def _iso(ts: float | None) -> str | None:

@@ -18,20 +18,9 @@ from rich.progress import BarColumn, TaskProgressColumn, TextColumn
 from rich.progress import Progress as Bar
 from rich.text import Text
 
-from .durations import duration_text
-from .worker import Progress, quoted
-
-
-def fmt_duration(seconds: float | None) -> str:
-    """``1h02m``, ``3m05s``, ``12s``, or ``?`` when unknown."""
-    if seconds is None:
-        return "?"
-    s = round(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
+from .durations import duration_text, fmt_duration
+from .run_records import Progress
+from .text import quoted
 
 
 def summary_line(p: Progress) -> str:

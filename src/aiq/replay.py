@@ -7,8 +7,8 @@ import difflib
 
 from .errors import UsageError
 from .records import DEAD, STATE_NAMES, Replayed
-from .report import plural
 from .store import JobStore
+from .text import plural
 
 
 async def replay(

@@ -4,36 +4,22 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .durations import fmt_duration
 from .forecast import Forecast
 from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
-from .outputs import Export
 from .pricing import PRICES_AS_OF
-from .progress import fmt_duration
 from .records import EnqueueCounts, Replayed, Stats
+from .run_records import Export, Progress, RunSummary
+from .text import plural, usd
 from .usage import TokenKinds
-from .worker import Progress
-
-if TYPE_CHECKING:
-    from .runner import RunSummary
 
 _WITHHELD = DEFAULT_NAMES[WITHHELD_TEMPERATURE]
 PRICES_NOTE = (
     f"prices: aiq's list prices as of {PRICES_AS_OF} unless the config sets `prices:`; "
     "they may be outdated, check your provider"
 )
-
-
-def usd(value: float | None) -> str:
-    """``$1,234.56``; more decimals under a dollar, where cents would hide a test batch."""
-    if value is None:
-        return "?"
-    if value == 0:
-        return "$0"
-    if abs(value) >= 1:
-        return f"${value:,.2f}"
-    return f"${value:.4f}" if abs(value) >= 0.01 else f"${value:.6f}"
 
 
 def forecast_lines(f: Forecast) -> list[str]:
@@ -160,12 +146,6 @@ def cost_lines(s: Stats) -> list[str]:
     if s.unusable:
         lines.append(unusable_line(s.unusable))
     return lines
-
-
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """``1 request``, ``2,000 requests``: a count and its noun, agreeing (``nouns`` when the
-    plural is not the noun and an s)."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {nouns or noun + 's'}"
 
 
 def input_warnings(path: object, c: EnqueueCounts, *, shown: int = 50) -> list[str]:

@@ -13,7 +13,6 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,6 @@ from .costs import CostMeter
 from .errors import (
     FatalProviderError,
     InputError,
-    Interrupted,
-    LimitReached,
     StoreError,
     UsageError,
 )
@@ -36,7 +33,7 @@ from .inputs import BadLine, count_defaults
 from .limiter import Limiters
 from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
-from .outputs import Export, export_source
+from .outputs import export_source
 from .pricing import price_for
 from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from .providers.base import Provider
@@ -44,44 +41,15 @@ from .providers.openai import OpenAIProvider
 from .providers.simulated import SimulatedTransport
 from .records import DEAD, EnqueueCounts, Replayed, Source, Stats
 from .replay import replay
-from .report import plural
 from .requestfile import read_requests
+from .run_records import Export, Progress, RunSummary
 from .store import JobStore, require_store
+from .text import plural
 from .timeouts import Timeouts
 from .transport import AiohttpTransport
-from .worker import Progress, RetryPolicy, Worker
+from .worker import RetryPolicy, Worker
 
 ProgressCallback = Callable[[Progress], None]
-
-
-@dataclass(slots=True)
-class RunSummary:
-    """What a run or resume did, and where its outputs are."""
-
-    added: EnqueueCounts | None
-    progress: Progress
-    stats: Stats
-    exports: list[Export] = field(default_factory=list)
-    # None (ran to the end), "interrupted", "limit" (--max-runtime), "budget" (--max-cost),
-    # "fatal"
-    stopped: str | None = None
-    duration_s: float = 0.0
-    on_truncated: str = "keep"  # what the run did with replies cut off at max_tokens
-
-    @property
-    def exit_code(self) -> int:
-        """0 all done, 1 some dead, 4 fatal, 5 a user limit, 130 interrupted (DESIGN.md);
-        6 invalid input lines skipped, 7 an empty input file. Input that was skipped comes
-        before dead jobs: dead letters are in a file, skipped lines in none."""
-        if self.stopped == "fatal":
-            return FatalProviderError.exit_code
-        if self.stopped in ("limit", "budget"):
-            return LimitReached.exit_code
-        if self.stopped == "interrupted":
-            return Interrupted.exit_code
-        if self.added is not None and self.added.exit_code:
-            return self.added.exit_code
-        return 1 if any(e.dead for e in self.exports) else 0
 
 
 def default_outputs(input_path: Path) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import backoff, tokens
 from .breaker import OUTAGE_ERRORS, Breakers
@@ -26,10 +26,11 @@ from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
 from .providers.base import Provider, ProviderError, Reply
 from .records import DEAD, DONE, QUEUED, Job, Outcome
 from .refusals import RefusalStreak
+from .run_records import Progress
 from .stops import TRUNCATED, stop_message
 from .store import JobStore
+from .text import quoted
 from .timeouts import Timeouts
-from .usage import TokenKinds
 from .waits import ModelLimits, limits_text, waiting_text
 
 _FLUSH_EVERY_S = 0.05  # batch outcomes for at most this long before committing
@@ -59,56 +60,6 @@ class _JobQueue(asyncio.Queue[Job | None]):
             self._queue.appendleft(item)  # type: ignore[attr-defined]
         else:
             self._queue.append(item)  # type: ignore[attr-defined]
-
-
-@dataclass(slots=True)
-class Progress:
-    """Live counters of one run; every figure here is already committed to the store."""
-
-    total: int = 0  # jobs in the store
-    done: int = 0  # done in the store (including earlier runs)
-    dead: int = 0
-    done_now: int = 0  # finished by this run
-    dead_now: int = 0
-    retries: int = 0
-    in_flight: int = 0
-    max_in_flight: int = 0  # the most in flight at once in this run
-    concurrency: int = 0  # senders allowed now (--concurrency auto changes it)
-    # What holds --concurrency auto below what the limits (or the server) would take, when not
-    # the provider: "max_concurrency 256", the open-files limit, memory. None: nothing.
-    held_by: str | None = None
-    outage_s: float = 0.0  # how long the provider has been down (0: it is up)
-    last_error: str = ""  # the provider's last outage-like error (server, timeout, connection)
-    timeouts: int = 0  # calls that got no reply in time: the provider may still bill them
-    truncated: int = 0  # replies cut off at max_tokens (done or, --on-truncated dead, dead)
-    filtered: int = 0  # replies stopped by a content filter (kept as results)
-    limits: str | None = None  # the limits in force (aiq.waits), None: none known
-    waiting: str | None = None  # what the run waits for, when it waits (aiq.waits)
-    tokens_in: int = 0
-    tokens_out: int = 0
-    kinds: TokenKinds = field(default_factory=TokenKinds)  # of the tokens, cached and reasoning
-    cost_usd: float = 0.0  # of the replies with a price
-    unpriced: int = 0  # replies of unknown cost: no price for the model, or unusable usage
-    unusable: int = 0  # of those, replies whose usage was missing or not counts
-    started_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started_at
-
-    @property
-    def rate_per_s(self) -> float:
-        """Jobs finished per second by this run."""
-        elapsed = self.elapsed_s
-        return self.done_now / elapsed if elapsed > 0 else 0.0
-
-    @property
-    def eta_s(self) -> float | None:
-        remaining = self.total - self.done - self.dead
-        if remaining <= 0:
-            return 0.0
-        rate = self.rate_per_s
-        return remaining / rate if rate > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -777,12 +728,3 @@ class Worker:
                 "shorten the prompt or lower max_tokens"
             ),
         )
-
-
-def quoted(message: str, limit: int = 300) -> str:
-    """A provider's error for a sentence of aiq's: cut to ``limit`` characters, without its
-    full stop."""
-    if not message:
-        return "no error recorded"
-    message = message.rstrip(". ")  # it goes inside a sentence
-    return message if len(message) <= limit else message[: limit - 1] + "…"

@@ -1,0 +1,110 @@
+"""What a run reports: its live ``Progress``, the ``Export`` of each input file's outputs and
+the ``RunSummary`` at its end.
+
+Plain records beside :mod:`aiq.records` (what the store hands out), so that the views (the
+progress display, the metrics file, the text report) and the CLI can read a run's figures
+without importing the worker or the runner that produce them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .errors import FatalProviderError, Interrupted, LimitReached
+from .records import EnqueueCounts, Stats
+from .usage import TokenKinds
+
+__all__ = ["Export", "Progress", "RunSummary"]
+
+
+@dataclass(slots=True)
+class Progress:
+    """Live counters of one run; every figure here is already committed to the store."""
+
+    total: int = 0  # jobs in the store
+    done: int = 0  # done in the store (including earlier runs)
+    dead: int = 0
+    done_now: int = 0  # finished by this run
+    dead_now: int = 0
+    retries: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0  # the most in flight at once in this run
+    concurrency: int = 0  # senders allowed now (--concurrency auto changes it)
+    # What holds --concurrency auto below what the limits (or the server) would take, when not
+    # the provider: "max_concurrency 256", the open-files limit, memory. None: nothing.
+    held_by: str | None = None
+    outage_s: float = 0.0  # how long the provider has been down (0: it is up)
+    last_error: str = ""  # the provider's last outage-like error (server, timeout, connection)
+    timeouts: int = 0  # calls that got no reply in time: the provider may still bill them
+    truncated: int = 0  # replies cut off at max_tokens (done or, --on-truncated dead, dead)
+    filtered: int = 0  # replies stopped by a content filter (kept as results)
+    limits: str | None = None  # the limits in force (aiq.waits), None: none known
+    waiting: str | None = None  # what the run waits for, when it waits (aiq.waits)
+    tokens_in: int = 0
+    tokens_out: int = 0
+    kinds: TokenKinds = field(default_factory=TokenKinds)  # of the tokens, cached and reasoning
+    cost_usd: float = 0.0  # of the replies with a price
+    unpriced: int = 0  # replies of unknown cost: no price for the model, or unusable usage
+    unusable: int = 0  # of those, replies whose usage was missing or not counts
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started_at
+
+    @property
+    def rate_per_s(self) -> float:
+        """Jobs finished per second by this run."""
+        elapsed = self.elapsed_s
+        return self.done_now / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        remaining = self.total - self.done - self.dead
+        if remaining <= 0:
+            return 0.0
+        rate = self.rate_per_s
+        return remaining / rate if rate > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """What one export wrote for one input file."""
+
+    source: str
+    results_path: str
+    dead_path: str
+    results: int
+    dead: int
+    written: bool = True  # False: the files were already what the store holds
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """What a run or resume did, and where its outputs are."""
+
+    added: EnqueueCounts | None
+    progress: Progress
+    stats: Stats
+    exports: list[Export] = field(default_factory=list)
+    # None (ran to the end), "interrupted", "limit" (--max-runtime), "budget" (--max-cost),
+    # "fatal"
+    stopped: str | None = None
+    duration_s: float = 0.0
+    on_truncated: str = "keep"  # what the run did with replies cut off at max_tokens
+
+    @property
+    def exit_code(self) -> int:
+        """0 all done, 1 some dead, 4 fatal, 5 a user limit, 130 interrupted (DESIGN.md);
+        6 invalid input lines skipped, 7 an empty input file. Input that was skipped comes
+        before dead jobs: dead letters are in a file, skipped lines in none."""
+        if self.stopped == "fatal":
+            return FatalProviderError.exit_code
+        if self.stopped in ("limit", "budget"):
+            return LimitReached.exit_code
+        if self.stopped == "interrupted":
+            return Interrupted.exit_code
+        if self.added is not None and self.added.exit_code:
+            return self.added.exit_code
+        return 1 if any(e.dead for e in self.exports) else 0
