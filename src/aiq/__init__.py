@@ -6,50 +6,129 @@ The CLI is a thin layer over this library::
     summary = asyncio.run(run_batch(Config(provider="simulated"), input_path=Path("p.jsonl")))
 """
 
-from .config import Config
-from .costs import CostMeter
-from .errors import (
-    AiqError,
-    FatalProviderError,
-    InputError,
-    Interrupted,
-    LimitReached,
-    OutputError,
-    StoreError,
-    StoreLocked,
-    UsageError,
-)
-from .forecast import Forecast
-from .inputs import BadLine, Defaults, Request
-from .limiter import Limiters, RateLimiter
-from .outputs import export_source
-from .preflight import CheckReport, Finding, run_checks
-from .prices import PriceRow, prices_in_force
-from .pricing import (
-    DEFAULT_CHECKS,
-    DEFAULT_PRICES,
-    PRICE_MAX_AGE_DAYS,
-    PRICES_AS_OF,
-    Price,
-    PriceCheck,
-)
-from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
-from .records import EnqueueCounts, ModelUsage, Replayed, Stats, Target
-from .requestfile import read_requests
-from .run_records import Export, Progress, RunSummary
-from .runner import (
-    add_file,
-    export_outputs,
-    forecast_file,
-    replay_dead,
-    run_batch,
-    store_status,
-)
-from .store import JobStore
-from .usage import Usage
-from .worker import RetryPolicy, Worker
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# Each public name and the module it lives in. Imported on first use (PEP 562), not here:
+# `aiq --help` and `aiq status` start in a fraction of the time when `import aiq` does not
+# load the HTTP clients, the provider classes and the worker they do not use.
+_EXPORTS = {
+    "Config": "config",
+    "CostMeter": "costs",
+    "AiqError": "errors",
+    "FatalProviderError": "errors",
+    "InputError": "errors",
+    "Interrupted": "errors",
+    "LimitReached": "errors",
+    "OutputError": "errors",
+    "StoreError": "errors",
+    "StoreLocked": "errors",
+    "UsageError": "errors",
+    "Forecast": "forecast",
+    "BadLine": "inputs",
+    "Defaults": "inputs",
+    "Request": "inputs",
+    "Limiters": "limiter",
+    "RateLimiter": "limiter",
+    "export_source": "outputs",
+    "CheckReport": "preflight",
+    "Finding": "preflight",
+    "run_checks": "preflight",
+    "PriceRow": "prices",
+    "prices_in_force": "prices",
+    "DEFAULT_CHECKS": "pricing",
+    "DEFAULT_PRICES": "pricing",
+    "PRICES_AS_OF": "pricing",
+    "PRICE_MAX_AGE_DAYS": "pricing",
+    "Price": "pricing",
+    "PriceCheck": "pricing",
+    "AnthropicProvider": "providers",
+    "OpenAIProvider": "providers",
+    "ProviderError": "providers",
+    "Reply": "providers",
+    "EnqueueCounts": "records",
+    "ModelUsage": "records",
+    "Replayed": "records",
+    "Stats": "records",
+    "Target": "records",
+    "read_requests": "requestfile",
+    "Export": "run_records",
+    "Progress": "run_records",
+    "RunSummary": "run_records",
+    "add_file": "runner",
+    "export_outputs": "runner",
+    "forecast_file": "runner",
+    "replay_dead": "runner",
+    "run_batch": "runner",
+    "store_status": "runner",
+    "JobStore": "store",
+    "Usage": "usage",
+    "RetryPolicy": "worker",
+    "Worker": "worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # once: later lookups find it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public surface (and the module's dunders), not the helpers this file imports."""
+    return sorted({*(n for n in globals() if n.startswith("__")), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_layers.py)
+    from .config import Config
+    from .costs import CostMeter
+    from .errors import (
+        AiqError,
+        FatalProviderError,
+        InputError,
+        Interrupted,
+        LimitReached,
+        OutputError,
+        StoreError,
+        StoreLocked,
+        UsageError,
+    )
+    from .forecast import Forecast
+    from .inputs import BadLine, Defaults, Request
+    from .limiter import Limiters, RateLimiter
+    from .outputs import export_source
+    from .preflight import CheckReport, Finding, run_checks
+    from .prices import PriceRow, prices_in_force
+    from .pricing import (
+        DEFAULT_CHECKS,
+        DEFAULT_PRICES,
+        PRICE_MAX_AGE_DAYS,
+        PRICES_AS_OF,
+        Price,
+        PriceCheck,
+    )
+    from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
+    from .records import EnqueueCounts, ModelUsage, Replayed, Stats, Target
+    from .requestfile import read_requests
+    from .run_records import Export, Progress, RunSummary
+    from .runner import (
+        add_file,
+        export_outputs,
+        forecast_file,
+        replay_dead,
+        run_batch,
+        store_status,
+    )
+    from .store import JobStore
+    from .usage import Usage
+    from .worker import RetryPolicy, Worker
 
 __all__ = [
     "DEFAULT_CHECKS",

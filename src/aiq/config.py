@@ -14,8 +14,6 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import UsageError
 from .inputs import Defaults
 from .pricing import Price, price_table
@@ -238,6 +236,8 @@ def _flag_name(name: str) -> str:
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """The file's settings by field name, and each one's key as the file spells it."""
+    import yaml  # here, not at the top: most commands in a directory without aiq.yaml skip it
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .errors import OutputError
-from .outputs import write_atomic
+from .files import write_atomic
 from .records import Stats
 from .run_records import Progress
 

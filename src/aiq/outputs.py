@@ -10,21 +10,17 @@ inode, and a run writes again only when one of them moved.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import Any
 
 import orjson
 
-from .errors import OutputError
+from .files import AtomicFile
 from .records import DEAD, DONE, Source
 from .run_records import Export
 from .stops import TRUNCATED
 from .store import JobStore
-
-_BUFFER = 1 << 20
 
 
 def _iso(ts: float | None) -> str | None:
@@ -45,113 +41,6 @@ _DEAD = (
     "custom_id", "line", "status_code", "attempts", "error_type", "error_message",
     "first_attempt_at", "finished_at", "request_id", "response",
 )  # fmt: skip
-
-
-class _AtomicFile:
-    """Write to ``<path>.tmp-<pid>``, fsync, then rename over ``path`` (owner-only, 0600).
-
-    An OSError (a full disk, a read-only directory) becomes an OutputError naming the file;
-    the old file then stays as it was. A process killed mid-write (kill -9, a reboot) leaves
-    its temporary file behind, as large as the results: the next write of ``path`` removes it.
-    """
-
-    def __init__(self, path: str, *, mode: int = 0o600) -> None:
-        self.path = path
-        self.tmp = f"{path}.tmp-{os.getpid()}"
-        self.mode = mode
-
-    def __enter__(self) -> IO[bytes]:
-        try:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            _remove_orphans(self.path)
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
-        except OSError as exc:
-            raise cannot_write(self.path, exc) from exc
-        try:
-            self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
-        except BaseException:  # SIGTERM (SystemExit) can land right here, before __exit__
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp)
-            raise
-        return self._f
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        failed = exc
-        try:
-            if failed is None:
-                self._f.flush()
-                os.fsync(self._f.fileno())
-            self._f.close()
-            if failed is None:
-                os.replace(self.tmp, self.path)
-        except OSError as err:
-            failed = err
-        except BaseException:  # a signal during the flush or fsync: leave no temporary file
-            self._discard()
-            raise
-        if failed is None:
-            return
-        self._discard()
-        if isinstance(failed, OSError):
-            raise cannot_write(self.path, failed) from failed
-
-    def _discard(self) -> None:
-        with contextlib.suppress(OSError):
-            self._f.close()  # a no-op unless the close above failed before closing
-        with contextlib.suppress(OSError):
-            os.unlink(self.tmp)
-
-
-def _remove_orphans(path: str) -> None:
-    """Remove ``<path>.tmp-<pid>`` files whose process is gone (another one's is in use)."""
-    directory, name = os.path.split(path)
-    prefix = name + ".tmp-"
-    with os.scandir(directory or ".") as entries:
-        orphans = [
-            e.path
-            for e in entries
-            if e.name.startswith(prefix)
-            and e.name[len(prefix) :].isdigit()
-            and not _alive(int(e.name[len(prefix) :]))
-        ]
-    for orphan in orphans:
-        with contextlib.suppress(OSError):
-            os.unlink(orphan)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError):
-        return True  # another user's process, or no pid at all: not ours to remove
-    return True
-
-
-def cannot_write(path: str | os.PathLike[str], exc: OSError) -> OutputError:
-    """The OutputError for ``exc``, met writing ``path``."""
-    return OutputError(
-        f"{path}: cannot write it ({exc.strerror}); free some space or make its directory "
-        "writable (or choose another path), then run the command again: the store keeps "
-        "everything, so nothing is lost"
-    )
-
-
-def open_log(path: Path) -> TextIO:
-    """Open a log file for appending, creating its directory; OutputError if it cannot be."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path.open("a", encoding="utf-8")
-    except OSError as exc:
-        raise cannot_write(path, exc) from exc
-
-
-def write_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` atomically."""
-    with _AtomicFile(path, mode=mode) as f:
-        f.write(data)
 
 
 async def export_source(
@@ -190,7 +79,7 @@ async def export_source(
 async def _write_results(store: JobStore, source: Source, order: str, path: str) -> int:
     """Write ``source``'s results file; returns its lines."""
     n, dumps = 0, orjson.dumps
-    with _AtomicFile(path) as f:
+    with AtomicFile(path) as f:
         async for rows in store.result_rows(source, state=DONE, order=order, columns=_DONE):
             # Formatted, not dumped from a dict: the line is the same bytes in a third of
             # the time, and the stored body goes in as it came (it is JSON already), but on
@@ -218,7 +107,7 @@ def _one_line(body: bytes) -> bytes:
 async def _write_dead(store: JobStore, source: Source, path: str) -> int:
     """Write ``source``'s dead-letter file, in input order; returns its lines."""
     n, dumps = 0, orjson.dumps
-    with _AtomicFile(path) as f:
+    with AtomicFile(path) as f:
         async for rows in store.result_rows(source, state=DEAD, order="input", columns=_DEAD):
             for row in rows:
                 (

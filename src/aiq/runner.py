@@ -14,12 +14,9 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from . import calibration, machine, routing
-from .breaker import Breakers
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .costs import CostMeter
 from .errors import (
@@ -30,15 +27,10 @@ from .errors import (
 )
 from .forecast import Forecast, Forecaster
 from .inputs import BadLine, count_defaults
-from .limiter import Limiters
 from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
 from .outputs import export_source
 from .pricing import price_for
-from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
-from .providers.base import Provider
-from .providers.openai import OpenAIProvider
-from .providers.simulated import SimulatedTransport
 from .records import DEAD, EnqueueCounts, Replayed, Source, Stats
 from .replay import replay
 from .requestfile import read_requests
@@ -46,8 +38,16 @@ from .run_records import Export, Progress, RunSummary
 from .store import JobStore, require_store
 from .text import plural
 from .timeouts import Timeouts
-from .transport import AiohttpTransport
-from .worker import RetryPolicy, Worker
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .providers.base import Provider
+    from .worker import Worker
+
+# The worker, the limiters and the providers with their HTTP clients are imported by the
+# functions that send (run_batch, _make_provider), not here: `aiq status`, `add` and `export`
+# use this module too, and start in half the time without them.
 
 ProgressCallback = Callable[[Progress], None]
 
@@ -141,6 +141,11 @@ def _no_store_left_on_bad_input(path: str | os.PathLike[str]) -> Iterator[None]:
 def _make_provider(config: Config, *, pool_size: int) -> tuple[Provider, httpx.AsyncBaseTransport]:
     """The provider and the transport under it, with ``pool_size`` connections at most (the
     caller closes the transport)."""
+    from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
+    from .providers.openai import OpenAIProvider
+    from .providers.simulated import SimulatedTransport
+    from .transport import AiohttpTransport
+
     transport: httpx.AsyncBaseTransport
     if config.provider == "simulated":
         transport = SimulatedTransport(
@@ -185,6 +190,10 @@ async def run_batch(
     nothing is due, then exports every input file's results and dead letters. ``on_added``
     hears what the file added (and its invalid lines) before anything is sent.
     """
+    from .breaker import Breakers
+    from .limiter import Limiters
+    from .worker import RetryPolicy, Worker
+
     started = time.monotonic()
     if input_path is None:
         require_store(config.db)  # resume
@@ -425,6 +434,8 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
     neither: dead jobs wait for ``replay-dead``); the store is opened read-only, and only if
     it exists.
     """
+    from .providers.anthropic_messages import DEFAULT_MAX_TOKENS
+
     forecast = Forecast(str(path), config.rpm, config.tpm, config.model_limits)
     default_output = 0
     if config.provider == "anthropic":  # it requires max_tokens; aiq sends the default
