@@ -6,14 +6,13 @@ the exit code they carry; anything else is a bug and shows its traceback.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import gc
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -23,7 +22,7 @@ import typer
 # typer's own copy of click (typer >= 0.26, pinned in pyproject.toml): the errors it raises.
 from typer._click.exceptions import Abort, ClickException, NoArgsIsHelpError, NoSuchOption
 
-from . import __version__, report
+from . import __version__
 from .errors import AiqError, UsageError
 from .files import open_log
 from .text import plural
@@ -35,8 +34,9 @@ if TYPE_CHECKING:
     from .records import EnqueueCounts
     from .run_records import RunSummary
 
-# What a command uses and the others do not (the runner with the HTTP clients and the worker,
-# the checks, rich) is imported inside it: `aiq --help` then starts in a third of the time.
+# What a command uses and the others do not (the runner with the store and the HTTP clients,
+# the checks, the text report, rich's live panel, asyncio) is imported inside it: `aiq --help`
+# and `aiq status` then start in half the time (tests/test_layers.py checks what they load).
 
 app = typer.Typer(
     add_completion=False,
@@ -179,6 +179,13 @@ def _guard(show_traceback: bool, fn: Callable[[], T]) -> T:
         raise typer.Exit(exc.exit_code) from None
 
 
+def _sync(work: Coroutine[Any, Any, T]) -> T:
+    """Run one of the library's coroutines to its end."""
+    import asyncio
+
+    return asyncio.run(work)
+
+
 def _config(db: Path | None, config: Path | None, **flags: Any) -> Config:
     from .config import Config
 
@@ -195,6 +202,8 @@ def _console() -> Console:
 
 
 def _print_counts(path: Path, c: EnqueueCounts, cfg: Config) -> None:
+    from . import report
+
     sys.stderr.writelines(f"{line}\n" for line in report.input_warnings(path, c))
     print(f"{path}: {report.add_counts(c)} ({plural(c.jobs_added, 'new request')} to send)")
     if cfg.defaults:
@@ -219,7 +228,7 @@ def add(
         new = not cfg.db.exists()
         from . import runner
 
-        counts = asyncio.run(runner.add_file(cfg, file, out=out, dead=dead))
+        counts = _sync(runner.add_file(cfg, file, out=out, dead=dead))
         _print_counts(file, counts, cfg)
         if new:  # a mistyped --db would otherwise start a store quietly
             print(f"new store at {cfg.db}", file=sys.stderr)
@@ -251,6 +260,8 @@ class _Display:
 
     def added(self, path: Path, c: EnqueueCounts) -> None:
         """The file is read: say what was wrong with it now, not hours later at the end."""
+        from . import report
+
         lines = report.input_warnings(path, c)
         if self.new_store is not None:  # a mistyped --db would otherwise start a store quietly
             lines.append(f"new store at {self.new_store}")
@@ -258,6 +269,8 @@ class _Display:
         self._write_log(lines)
 
     def summary(self, s: RunSummary) -> None:
+        from . import report
+
         self._stop_shows()  # the panel's last frame first, then the summary under it
         lines = report.run_summary_lines(s)
         if self.as_json:
@@ -295,7 +308,7 @@ def _run(
 
     on_added = None if input_path is None else functools.partial(display.added, input_path)
     try:
-        summary = asyncio.run(
+        summary = _sync(
             runner.run_batch(
                 cfg,
                 input_path=input_path,
@@ -370,9 +383,9 @@ def run(
 
 
 def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
-    from . import runner
+    from . import report, runner
 
-    forecast = asyncio.run(runner.forecast_file(cfg, file))
+    forecast = _sync(runner.forecast_file(cfg, file))
     for bad in forecast.bad_lines[:50]:
         print(f"invalid: {bad}", file=sys.stderr)
     if forecast.invalid > 50:
@@ -436,9 +449,9 @@ def status(
     """Where the store stands: counts by state, rate, ETA, tokens, oldest waiting, errors."""
 
     def body() -> None:
-        from . import runner
+        from . import report, runner
 
-        stats = asyncio.run(runner.store_status(_config(db, config)))
+        stats = _sync(runner.store_status(_config(db, config)))
         if as_json:
             print(json.dumps(stats.as_dict()))
         else:
@@ -465,7 +478,7 @@ def check(
 
         from . import preflight
 
-        result = asyncio.run(preflight.run_checks(resolve))
+        result = _sync(preflight.run_checks(resolve))
         if as_json:
             print(json.dumps({"exit_code": result.exit_code,
                               "findings": [f.as_dict() for f in result.findings]}))  # fmt: skip
@@ -513,9 +526,9 @@ def replay_dead(
     """Move dead jobs back to the queue with attempts reset (then `aiq resume`)."""
 
     def body() -> None:
-        from . import runner
+        from . import report, runner
 
-        replayed = asyncio.run(
+        replayed = _sync(
             runner.replay_dead(_config(db, config), error_type=error, custom_ids=tuple(ids or ()))
         )
         print("\n".join(report.replay_lines(replayed)))
@@ -535,11 +548,9 @@ def export(
     """(Re)write results and dead-letter files from the store."""
 
     def body() -> None:
-        from . import runner
+        from . import report, runner
 
-        exports = asyncio.run(
-            runner.export_outputs(_config(db, config, order=order), out=out, dead=dead)
-        )
+        exports = _sync(runner.export_outputs(_config(db, config, order=order), out=out, dead=dead))
         for e in exports:
             print("\n".join(report.export_lines(e)))
 
