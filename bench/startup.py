@@ -1,0 +1,79 @@
+"""How long `aiq --help` and `aiq status` (on an empty store) take to start, and what typer
+and rich alone cost: the floor under any command.
+
+    .venv/bin/python bench/startup.py [--runs 21] [--src OTHER/src]
+
+Each case runs ``--runs`` times in a fresh interpreter from a temporary directory holding an
+empty store; it prints the least and the median wall time and CPU time (user + system) of the
+child. The least is the figure to compare: on a shared VM the others measure the neighbours.
+With ``--src``, the aiq cases run again with that source tree first on the path (the same
+venv), e.g. a ``git archive`` of an older commit, for a before/after on one machine and load.
+
+Byte-code is compiled first for each tree, as pip does on install: an interpreter run with
+PYTHONDONTWRITEBYTECODE (as this VM's is) would otherwise compile every module every time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+AIQ = {"aiq --help": ["-m", "aiq", "--help"], "aiq status": ["-m", "aiq", "status"],
+       "import aiq": ["-c", "import aiq"]}  # fmt: skip
+FLOORS = {
+    "python -c pass": ["-c", "pass"],
+    "import typer": ["-c", "import typer"],
+    "import typer, rich.console": ["-c", "import typer, rich.console"],
+    "import typer.rich_utils": ["-c", "import typer.rich_utils"],  # what rich --help loads
+    "import asyncio, sqlite3": ["-c", "import asyncio, sqlite3"],  # what status loads
+    "import aiosqlite": ["-c", "import aiosqlite"],
+}
+
+
+def measure(args: list[str], cwd: str, src: Path, runs: int) -> tuple[list[float], list[float]]:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    walls, cpus = [], []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, *args], cwd=cwd, env=env, check=True, capture_output=True)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return walls, cpus
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--src", type=Path, help="another source tree to compare with")
+    opts = parser.parse_args()
+    trees = [("this", SRC)] + ([("other", opts.src)] if opts.src else [])
+    for _, src in trees:
+        compileall.compile_dir(str(src), quiet=1)
+    with tempfile.TemporaryDirectory() as cwd:
+        Path(cwd, "e.jsonl").write_text("")
+        env = {**os.environ, "PYTHONPATH": str(SRC)}
+        subprocess.run(
+            [sys.executable, "-m", "aiq", "add", "e.jsonl"], cwd=cwd, env=env, capture_output=True
+        )  # fmt: skip  (exit 7: an empty file, an empty store)
+        rows = [(name, "", args, SRC) for name, args in FLOORS.items()]
+        rows += [(name, tree, args, src) for name, args in AIQ.items() for tree, src in trees]
+        for name, tree, args, src in rows:
+            walls, cpus = measure(args, cwd, src, opts.runs)
+            print(f"{name:28s} {tree:5s}  wall min {min(walls):.3f} median "
+                  f"{statistics.median(walls):.3f}  cpu min {min(cpus):.3f} median "
+                  f"{statistics.median(cpus):.3f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
