@@ -438,7 +438,7 @@ def test_jobs_put_back_come_before_untried_ones_once_due(tmp_path: Path) -> None
 
 
 def test_the_send_queue_puts_jobs_back_from_waiting_first() -> None:
-    from aiq.worker import _JobQueue
+    from aiq.dispatch import _JobQueue
 
     queue = _JobQueue()
     for i, due_at in ((1, 0.0), (2, 0.0), (3, 123.0), (4, 0.0)):
