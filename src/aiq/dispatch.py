@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from .breaker import Breakers
@@ -56,7 +56,8 @@ class Dispatcher:
     due or :meth:`stop`. ``concurrency`` is how many send at once (the caller updates it as
     ``--concurrency auto`` resizes); ``breakers`` say when the provider is down, and then one
     job is claimed at a time, for the probe. Times: ``wall`` for what the store keeps,
-    ``clock`` (monotonic) for its own pacing."""
+    ``clock`` (monotonic) for its own pacing, and an injected ``sleep`` (not asyncio's) to
+    wait on that clock for retries to come due."""
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class Dispatcher:
         breakers: Breakers,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._store = store
         self._progress = progress
@@ -74,6 +76,7 @@ class Dispatcher:
         self._breakers = breakers
         self._clock = clock
         self._wall = wall
+        self._sleep = sleep
         self._queue = _JobQueue()
         # A sender's next job, or None once the run ends: the queue's own get, so taking a
         # job costs no coroutine of its own.
@@ -175,12 +178,26 @@ class Dispatcher:
         # and this, so no wake-up is lost, and one set during a cycle is not acted on twice.
         # asyncio.timeout, not wait_for: on Python 3.11, wait_for swallows a cancel that
         # arrives as the event is set (stop() sets it just before a second signal cancels
-        # the run), so the second Ctrl-C would not abandon what is in flight. The loop's
-        # timer, not an injected sleep: a wake-up must end the nap at once.
+        # the run), so the second Ctrl-C would not abandon what is in flight.
         self._wake.clear()
+        if self._sleep is not asyncio.sleep:  # an injected clock (tests): its sleep or a wake
+            await self._nap_on_clock(seconds)
+            return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self._wake.wait()
+
+    async def _nap_on_clock(self, seconds: float) -> None:
+        """The nap on an injected sleep, so a retry not due yet comes due on its clock."""
+        waits = (
+            asyncio.ensure_future(self._wake.wait()),
+            asyncio.ensure_future(self._sleep(seconds)),
+        )
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _cycle(self) -> bool:
         """Record what finished and claim more, in one transaction; False if nothing to do.

@@ -129,7 +129,7 @@ class Worker:
         self.progress.held_by = self._auto.held_by if self._auto is not None else None
         self._dispatch = Dispatcher(
             store, self.progress, concurrency=concurrency, breakers=self._breakers,
-            clock=clock, wall=wall,
+            clock=clock, wall=wall, sleep=sleep,
         )  # fmt: skip
         self._sender = Sender(
             self._dispatch, provider, progress=self.progress, limiters=self._limiters,
