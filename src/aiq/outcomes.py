@@ -117,6 +117,15 @@ def replied(
     return out
 
 
+def own_fault(err: ProviderError, health: Health) -> bool:
+    """Whether a failure is the job's own, and costs it an attempt: not a rate limit (the
+    client's pace), a fatal error (the account or settings), a provider that is down (every
+    breaker open) or an endpoint no call has reached."""
+    if err.fatal or err.error_type == "rate_limit":
+        return False
+    return not (outage_like(err) and health.down) and not (err.unreachable and not health.reached)
+
+
 def failed(
     job: Job,
     err: ProviderError,
@@ -129,33 +138,15 @@ def failed(
     refusals: Refusals = NO_REFUSALS,
     rand: Callable[[], float] = random.random,
 ) -> Fate:
-    """A failed attempt: retry later, dead-letter, or stop the run.
-
-    An attempt is counted only when the failure is the job's own: not for a rate limit (the
-    client's pace), a fatal error (the account or settings), a provider that is down (every
-    breaker open) or an endpoint no call has reached. ``retry_after_s`` is the delay to
-    honour (for a 429, as the limiter read it); ``now`` and ``started`` are wall-clock times.
-    """
-    rate_limited = err.error_type == "rate_limit"
-    outage = outage_like(err)
-    never_reached = err.unreachable and not health.reached
-    own_fault = not (err.fatal or rate_limited or (outage and health.down) or never_reached)
-    out = Outcome(
-        job.id,
-        QUEUED,
-        job.attempts + 1 if own_fault else job.attempts,
-        started_at=started,
-        status_code=err.status_code,
-        error_type=err.error_type,
-        error_message=err.message,
-        latency_s=now - started,
-        # No reply in time (not a 408, not a connection never made): it may have been billed.
-        timed_out=err.error_type == "timeout" and err.status_code is None and not err.unreachable,
-    )
+    """A failed attempt: retry later, dead-letter, or stop the run (see :func:`own_fault`
+    for when it costs an attempt). ``retry_after_s`` is the delay to honour (for a 429, as
+    the limiter read it); ``now`` and ``started`` are wall-clock times."""
+    out = _attempted(job, err, own_fault(err, health), started=started, now=now)
     if err.fatal:  # not the job's fault: it stays as it was, and the run stops
         return Fate(out, give_up="fatal")
-    if never_reached and health.unreachable:
+    if err.unreachable and not health.reached and health.unreachable:
         return Fate(out, give_up="unreachable")
+    rate_limited = err.error_type == "rate_limit"
     # A 429 costs no attempt, so its backoff grows with the run's streak of refusals.
     wait_s = backoff.delay(
         max(1, out.attempts, refusals.rounds if rate_limited else 0),
@@ -173,16 +164,39 @@ def failed(
         return Fate(out, pause_s, give_up="refused")
     if not err.retryable or out.attempts >= policy.max_attempts:
         out.state, out.finished_at = DEAD, now
-        if outage and health.broken:
-            model = job.model if isinstance(job.model, str) else None
-            out.error_message = (
-                f"{err.message}; most calls to {model or 'this model'} failed so while other "
-                "models answered: its deployment may be down. Once it answers, run aiq "
-                f"replay-dead --error {err.error_type}, then aiq resume"
-            )
+        if outage_like(err) and health.broken:
+            out.error_message = _failed_alone(job, err)
         return Fate(out, pause_s)
     out.next_at = now + wait_s
     return Fate(out, pause_s)
+
+
+def _attempted(
+    job: Job, err: ProviderError, charged: bool, *, started: float, now: float
+) -> Outcome:
+    """The failed attempt's record, the job still queued (with no retry time yet)."""
+    return Outcome(
+        job.id,
+        QUEUED,
+        job.attempts + 1 if charged else job.attempts,
+        started_at=started,
+        status_code=err.status_code,
+        error_type=err.error_type,
+        error_message=err.message,
+        latency_s=now - started,
+        # No reply in time (not a 408, not a connection never made): it may have been billed.
+        timed_out=err.error_type == "timeout" and err.status_code is None and not err.unreachable,
+    )
+
+
+def _failed_alone(job: Job, err: ProviderError) -> str:
+    """A dead letter's message when the job's model failed while the others answered."""
+    model = job.model if isinstance(job.model, str) else None
+    return (
+        f"{err.message}; most calls to {model or 'this model'} failed so while other models "
+        "answered: its deployment may be down. Once it answers, run aiq replay-dead "
+        f"--error {err.error_type}, then aiq resume"
+    )
 
 
 def too_large(job: Job, why: str, *, now: float) -> Outcome:

@@ -249,19 +249,8 @@ class Sender:
         aiq.outcomes decides: pause every sender, stop the run."""
         now = self._wall()
         limiter = ticket.limiter
-        limiter.observe(err.limits, ticket)
         rate_limited = err.error_type == "rate_limit"
-        retry_after_s = err.retry_after_s
-        if rate_limited:
-            limiter.refund(ticket)  # a 429 is not counted against the limits
-            # ...and says to pace instead of bursting, or shows a limit nobody reported.
-            retry_after_s = limiter.rate_limited(
-                retry_after_s, upper_bound=err.retry_after_upper, ticket=ticket
-            )
-        else:
-            limiter.answered(ticket, through=err.status_code is not None)
-            if self._auto is not None and self._auto.refused(self._progress.in_flight):
-                self._resized()
+        retry_after_s = self._limiter_failed(err, ticket, rate_limited)
         outage = outcomes.outage_like(err)
         if outage:
             self._progress.last_error = err.message
@@ -277,7 +266,7 @@ class Sender:
             broken=breakers.broken(key),
         )
         refusals = NO_REFUSALS
-        if rate_limited and not err.fatal:  # a spend limit's 429 ends the run, it is no round
+        if rate_limited and not err.fatal:  # a fatal one ends the run: no round of refusals
             refusals = Refusals(self._refusals.refused(), self._refusals.lasted_s())
         fate = outcomes.failed(
             job, err, policy=self._retry, health=health, started=started, now=now,
@@ -293,6 +282,23 @@ class Sender:
             last = self._progress.last_error
             self._give_up(outcomes.given_up(fate.give_up, err, policy=self._retry, last_error=last))
         return fate.outcome
+
+    def _limiter_failed(
+        self, err: ProviderError, ticket: Ticket, rate_limited: bool
+    ) -> float | None:
+        """Feed a failure to its limiter (and a 429 to auto's size); the delay to honour."""
+        limiter = ticket.limiter
+        limiter.observe(err.limits, ticket)
+        if not rate_limited:
+            limiter.answered(ticket, through=err.status_code is not None)
+            if self._auto is not None and self._auto.refused(self._progress.in_flight):
+                self._resized()
+            return err.retry_after_s
+        limiter.refund(ticket)  # a 429 is not counted against the limits
+        # ...and says to pace instead of bursting, or shows a limit nobody reported.
+        return limiter.rate_limited(
+            err.retry_after_s, upper_bound=err.retry_after_upper, ticket=ticket
+        )
 
     # -- cut at the learned timeout ------------------------------------------------------
 
