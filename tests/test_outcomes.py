@@ -82,7 +82,7 @@ def kept(err: ProviderError, attempts: int, next_at: float = 0.0, **fields: obje
 
 
 def dead(err: ProviderError, attempts: int, **fields: object) -> Outcome:
-    return kept(err, attempts, state=DEAD, finished_at=NOW, **fields)
+    return kept(err, attempts, 0.0, state=DEAD, finished_at=NOW, **fields)
 
 
 SERVER = error("server", 500, retryable=True)
