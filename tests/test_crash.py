@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
-from aiq.worker import _AHEAD
+from aiq.dispatch import _AHEAD
 
 CONCURRENCY = 8
 

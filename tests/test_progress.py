@@ -16,7 +16,7 @@ import pytest
 from conftest import aiq_cmd, aiq_env, write_prompts
 from rich.console import Console
 
-import aiq.worker
+import aiq.dispatch
 from aiq import runner
 from aiq.config import Config
 from aiq.progress import LiveProgress, PlainProgress, summary_line, wants_live_panel
@@ -99,7 +99,7 @@ def test_the_total_follows_jobs_added_during_a_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # `aiq add` works beside a run and the run sends what it adds: done must not pass total.
-    monkeypatch.setattr(aiq.worker, "_RECOUNT_EVERY_S", 0.05)
+    monkeypatch.setattr(aiq.dispatch, "_RECOUNT_EVERY_S", 0.05)
     first, more = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     write_prompts(first, [(f"a{i}", f"first {i}") for i in range(20)])
     write_prompts(more, [(f"b{i}", f"more {i}") for i in range(10)])

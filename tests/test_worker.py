@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -77,6 +78,33 @@ class Server:
         return reply
 
 
+class FakeClock:
+    """The worker's time, moved only by its sleeps: the monotonic clock, the wall clock (a
+    fixed distance ahead) and the sleep. A sleep yields once, so other tasks run, then moves
+    the clock to its end if it is not there yet: sleeps side by side overlap, as they would."""
+
+    START = 1000.0
+
+    def __init__(self) -> None:
+        self.now = self.START
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return self.now + 1_800_000_000.0
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.now - self.START
+
+    async def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        until = self.now + seconds
+        await asyncio.sleep(0)
+        self.now = max(self.now, until)
+
+
 @dataclass
 class Run:
     """What a run left behind: per-prompt store rows, the worker, the server and the store."""
@@ -108,11 +136,13 @@ def run_worker(
     retry: RetryPolicy = FAST,
     configure: Callable[[Worker, Server], None] | None = None,
     on_sleep: Callable[[Worker], None] | None = None,
+    clock: FakeClock | None = None,
 ) -> Run:
     """Enqueue one prompt line per prompt (custom_id = prompt), run a Worker to the end.
 
     The limiter's clock stands still and its sleep only records how long it was asked to
-    wait (then calls ``on_sleep``), so pauses are checked without waiting them out.
+    wait (then calls ``on_sleep``), so pauses are checked without waiting them out. With
+    ``clock``, the worker runs on it instead, and makes its own limiters and breakers.
     """
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"custom_id": p, "prompt": p}) + b"\n" for p in prompts))
@@ -133,8 +163,16 @@ def run_worker(
             )
             await store.enqueue(source, read_requests(path, Defaults(model="m")))
             provider = OpenAIProvider(httpx.MockTransport(server), base_url=BASE_URL, api_key=KEY)
-            limiter = RateLimiter(clock=lambda: 0.0, sleep=record_sleep)
-            worker = Worker(store, provider, concurrency=concurrency, limiter=limiter, retry=retry)
+            if clock is None:
+                limiter = RateLimiter(clock=lambda: 0.0, sleep=record_sleep)
+                worker = Worker(
+                    store, provider, concurrency=concurrency, limiter=limiter, retry=retry
+                )
+            else:
+                worker = Worker(
+                    store, provider, concurrency=concurrency, retry=retry,
+                    clock=clock, wall=clock.wall, sleep=clock.sleep,
+                )  # fmt: skip
             workers.append(worker)
             if configure is not None:
                 configure(worker, server)
@@ -294,6 +332,47 @@ def test_max_attempts_exhausted_is_dead_with_the_last_error(tmp_path: Path) -> N
     assert (p.dead, p.dead_now, p.retries) == (2, 2, 4)
 
 
+# -- time: the worker's clock -------------------------------------------------------------------
+
+
+def test_an_outage_is_waited_out_on_the_workers_clock_to_max_outage(tmp_path: Path) -> None:
+    """Ten minutes of a provider answering 500 to everything, in no time: the breakers, the
+    wait for the provider and the give-up at --max-outage all run on the injected clock."""
+    clock = FakeClock()
+    retry = RetryPolicy(max_attempts=3, base_s=0.001, cap_s=0.01, max_outage_s=600.0)
+    prompts = [f"p{i}" for i in range(30)]
+    loop_started = time.monotonic()
+    run = run_worker(
+        tmp_path, prompts, always(lambda _p: error(500, "down")), concurrency=4, retry=retry,
+        clock=clock,
+    )  # fmt: skip
+
+    assert time.monotonic() - loop_started < 5.0  # 600 s on the clock
+    assert run.worker.fatal is not None and run.worker.fatal.error_type == "outage"
+    assert "failed every call for over 10 min (--max-outage)" in run.worker.fatal.message
+    assert clock.elapsed_s > 600.0 and run.worker.progress.outage_s > 600.0
+    assert run.counts["dead"] == 0 and run.counts["queued"] == len(prompts)
+    assert max(r["attempts"] for r in run.rows.values()) == 1  # only those before it opened
+
+
+def test_a_429s_pause_is_waited_on_the_workers_clock(tmp_path: Path) -> None:
+    """A 429 asking for 30 s: the limiters the worker makes wait it out on its clock."""
+    clock = FakeClock()
+
+    def slow_down(prompt: str, seen: int) -> Reply:
+        if prompt == "a" and not seen:
+            return error(429, "Slow down", **{"retry-after": "30"})
+        return completion(prompt)
+
+    run = run_worker(tmp_path, ["a", "b"], slow_down, concurrency=1, clock=clock)
+
+    assert run.counts["done"] == 2
+    assert run.rows["a"]["attempts"] == 1  # the 429 cost none
+    assert run.server.calls == {"a": 2, "b": 1}
+    # The pause, and the retry's "plus up to 10%" (its backoff is waited on the clock too).
+    assert 30.0 <= clock.elapsed_s < 35.0
+
+
 # -- permanent and fatal errors ------------------------------------------------------------------
 
 
@@ -439,7 +518,7 @@ def test_jobs_put_back_come_before_untried_ones_once_due(tmp_path: Path) -> None
 
 
 def test_the_send_queue_puts_jobs_back_from_waiting_first() -> None:
-    from aiq.worker import _JobQueue
+    from aiq.dispatch import _JobQueue
 
     queue = _JobQueue()
     for i, due_at in ((1, 0.0), (2, 0.0), (3, 123.0), (4, 0.0)):

@@ -25,7 +25,6 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
-OUTAGE_ERRORS = frozenset({"server", "timeout", "connection"})
 # An endpoint that never answered is given up on after this many calls failed to connect, over
 # at least this long: a few retries ride out a server that is a second from listening, or a
 # blip of the network, and a wrong URL still fails in seconds, not after --max-outage.

@@ -57,14 +57,18 @@ class CostMeter:
         # For the estimates: how the replies' usage compared with what was estimated.
         self._est_in = self._real_in = self._replies = self._real_out = 0
 
-    def charge(self, body: bytes, model: str | None) -> Charge:
-        """The price of a request body for ``model``, and (under a cap) its estimated cost."""
+    def charge(
+        self, body: bytes, model: str | None, cost: tokens.TokenCost | None = None
+    ) -> Charge:
+        """The price of a request body for ``model``, and (under a cap) its estimated cost;
+        ``cost`` is the body's token estimate, if the caller has made it already."""
         plain = self._plain.get(model)
         if plain is None:
             plain = self._plain[model] = Charge(model, price_for(model, self._prices))
         if self.cap_usd is None or plain.price is None:
             return plain  # nothing to estimate or hold: one shared Charge per model
-        cost = tokens.estimate(body)
+        if cost is None:
+            cost = tokens.estimate(body)
         ratio = max(1.0, self._real_in / self._est_in) if self._est_in else 1.0
         out = cost.reserved or (self._real_out / self._replies if self._replies else 0)
         return Charge(

@@ -1,0 +1,365 @@
+"""One job's way out and back: breaker, cost cap, rate limiter, provider, then the dispatcher.
+
+:meth:`Sender.send` waits while the provider is down (its circuit breaker open), admits the
+job under ``--max-cost``, waits for its model's rate limiter (or puts the job off until its
+slot, when other models' jobs could go meanwhile), sends it, cut at the model's learned
+timeout, and hands what became of it to the dispatcher (aiq.dispatch). What becomes of it is
+decided by aiq.outcomes, purely; this module feeds the limiter, the breakers and the
+concurrency the reply or the error, and stops the run when the decision says so.
+
+The token estimate of a job is made at most once a send, and only when the cost cap or a
+tokens-per-minute limit needs it. Time: ``wall`` for the store's timestamps, ``sleep`` to
+wait out an outage, the event loop's own clock for the cut-offs (asyncio's timeouts run on
+it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from . import outcomes, tokens
+from .breaker import Breakers
+from .concurrency import AutoConcurrency
+from .costs import Charge, CostMeter
+from .dispatch import Dispatcher
+from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
+from .outcomes import NO_REFUSALS, Health, Refusals, RetryPolicy
+from .providers.base import Provider, ProviderError, Reply
+from .records import QUEUED, Job, Outcome
+from .refusals import RefusalStreak
+from .run_records import Progress
+from .timeouts import Timeouts
+
+# How often calls are checked against their learned timeout: a cut comes up to this late, a
+# tenth of the shortest timeout (timeouts.FLOOR_S); a scan of ~1,500 calls, 10 times a second.
+_SWEEP_S = 0.1
+# With several models' limiters, a job whose limiter would hold its sender longer than this
+# goes back to the store until its slot, and the sender takes the next job, so one model's
+# slow limit does not hold up the others (head-of-line blocking).
+_DEFER_AFTER_S = 0.1
+# A job back from the store waits in its limiter up to this long before it is put off again:
+# deferred jobs come back in batches (one per store cycle), a few slots apart, and going to
+# the back of the line for a slot half a second away would leave the limit unused.
+_REDEFER_AFTER_S = 5.0
+
+
+class Sender:
+    """Sends jobs for the worker's sender tasks, any number at once; ``fatal`` is the error
+    that stopped the run, if one did. ``stop`` stops the run (the worker's, which also lets
+    every sender waiting for a turn see it); ``resized`` is called when ``auto`` changed its
+    size."""
+
+    def __init__(
+        self,
+        dispatch: Dispatcher,
+        provider: Provider,
+        *,
+        progress: Progress,
+        limiters: Limiters,
+        breakers: Breakers,
+        costs: CostMeter,
+        retry: RetryPolicy,
+        timeouts: Timeouts | None,
+        auto: AutoConcurrency | None,
+        dead_truncated: bool,
+        stop: Callable[[], None],
+        resized: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._dispatch = dispatch
+        self._provider = provider
+        self._progress = progress
+        self._limiters = limiters
+        self._breakers = breakers
+        self.costs = costs
+        self._retry = retry
+        self._auto = auto
+        self._dead_truncated = dead_truncated  # --on-truncated dead (aiq.stops)
+        self._stop = stop
+        self._resized = resized
+        self._wall = wall
+        self._sleep = sleep
+        self._refusals = RefusalStreak(clock)
+        self._probe_jobs: set[int] = set()  # jobs sent as the breaker's probe
+        self.fatal: ProviderError | None = None
+        # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
+        self._timeouts = timeouts
+        self._cuts: dict[int, int] = {}  # job id -> times a learned timeout cut it
+        # Calls sent before their model's timeout was learned, with when they went: the
+        # first reply that teaches it cuts those already past it (a hang among the first
+        # calls would otherwise hold its sender for the whole ceiling).
+        self._untimed: dict[str | None, dict[asyncio.Timeout, float]] = {}
+        # Calls under a learned timeout -> when it cuts them; one sweep checks them all
+        # (see _send_timed).
+        self._deadlines: dict[asyncio.Timeout, float] = {}
+        self._sweeper: asyncio.TimerHandle | None = None  # the next sweep, while any is due
+
+    def close(self) -> None:
+        """The run's calls are over: no sweep is left for a later run."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    async def send(self, job: Job) -> None:
+        """Wait for the provider and the budget, then send (released back to queued by the
+        dispatcher if stopped meanwhile, or if the job would pass --max-cost)."""
+        model = job.model if isinstance(job.model, str) else None
+        # The breakers are nearly always closed: then no wait, and no coroutine to find that out.
+        up = not (self._breakers.any_open or self._progress.outage_s)
+        if not up and not await self._provider_up(job, model):
+            return
+        try:
+            costs = self.costs
+            capped = costs.cap_usd is not None
+            cost = tokens.estimate(job.body) if capped else None  # the cap needs it now
+            charge = costs.charge(job.body, model, cost)
+            if capped and not await costs.admit(charge):
+                self._stop()  # --max-cost: nothing more fits; what is in flight finishes
+                return
+            try:
+                await self._send_admitted(job, model, charge, cost)
+            finally:
+                costs.release(charge)  # unless settled by a reply
+        finally:
+            if job.id in self._probe_jobs:  # let out as the probe, but never sent
+                self._probe_jobs.discard(job.id)
+                self._breakers.get((job.endpoint, model)).cancel_probe()
+
+    async def _send_admitted(
+        self, job: Job, model: str | None, charge: Charge, cost: tokens.TokenCost | None
+    ) -> None:
+        """Wait for the limiter, send, and hand the outcome to the dispatcher."""
+        limiter = self._limiters.for_model(model)
+        ticket = limiter.ticket_now()
+        if ticket is None:
+            try:
+                ticket = await self._acquire(job, limiter, cost)
+            except RequestTooLarge as exc:
+                self._dispatch.finished(outcomes.too_large(job, str(exc), now=self._wall()))
+                return
+            if ticket is None:
+                return  # deferred: back to the store until its slot
+        if self._dispatch.stopping:
+            limiter.refund(ticket)
+            return  # stopped while the limiter (or the cost cap) held us: not sent
+        progress = self._progress
+        progress.in_flight += 1
+        if progress.in_flight > progress.max_in_flight:
+            progress.max_in_flight = progress.in_flight
+        self._dispatch.sent(job.id)  # its attempt is counted at the next store cycle
+        started = self._wall()
+        try:
+            if self._timeouts is None:
+                reply = await self._provider.send(job.endpoint, job.body)
+            else:
+                reply = await self._send_timed(job, model, self._timeouts)
+        except ProviderError as err:
+            outcome = self._failed(job, err, started, ticket)
+        else:
+            outcome = self._replied(job, reply, started, ticket, charge)
+        finally:
+            progress.in_flight -= 1
+        if self._cuts and outcome.state != QUEUED:
+            self._cuts.pop(job.id, None)
+        self._dispatch.finished(outcome)
+
+    async def _acquire(
+        self, job: Job, limiter: RateLimiter, cost: tokens.TokenCost | None
+    ) -> Ticket | None:
+        """The job's ticket once its limiter lets it go; None if deferred instead."""
+        if not limiter.counts_tokens:
+            cost = tokens.NO_COST
+        elif cost is None:
+            cost = tokens.estimate(job.body)
+        if self._limiters.several and not self._dispatch.stopping:
+            after_s = _REDEFER_AFTER_S if job.due_at else _DEFER_AFTER_S
+            later_s = limiter.defer(cost.prompt, cost.reserved, after_s=after_s)
+            if later_s is not None:
+                self._dispatch.defer(job.id, self._wall() + later_s)
+                return None
+        if self._auto is None:
+            return await limiter.acquire(cost.prompt, cost.reserved)
+        async with self._auto.pacing():
+            return await limiter.acquire(cost.prompt, cost.reserved)
+
+    async def _provider_up(self, job: Job, model: str | None) -> bool:
+        """Wait while the provider is down (every model's breaker open) and this job's model's
+        breaker holds it; False if the run stops meanwhile. A job let out while it is open is
+        its probe: only the probe's failure counts while open. While other models answer, a
+        model whose breaker is open is broken, not down: its jobs go, and use up attempts."""
+        breakers, progress = self._breakers, self._progress
+        breaker = breakers.get((job.endpoint, model))
+        while breakers.all_down and (wait := breaker.admit()) > 0:
+            progress.outage_s = breakers.outage_s()
+            if breakers.never_reached():
+                self._give_up(outcomes.endpoint_lost(progress.last_error))
+            elif progress.outage_s > self._retry.max_outage_s:
+                self._give_up(outcomes.provider_down(self._retry.max_outage_s, progress.last_error))
+            if self._dispatch.stopping:
+                return False
+            await self._sleep(min(wait, 0.5))
+        progress.outage_s = breakers.outage_s()
+        if breaker.is_open and breakers.all_down:
+            self._probe_jobs.add(job.id)
+        return not self._dispatch.stopping
+
+    def _give_up(self, fatal: ProviderError) -> None:
+        self.fatal = self.fatal or fatal  # the first reason stands
+        self._stop()
+
+    def _replied(
+        self, job: Job, reply: Reply, started: float, ticket: Ticket, charge: Charge
+    ) -> Outcome:
+        """Feed a reply to the limiter, the breakers, the timeouts and the concurrency."""
+        finished = self._wall()
+        limiter = ticket.limiter
+        if reply.limits is not None:
+            limiter.observe(reply.limits, ticket)
+        limiter.settle(
+            ticket, reply.tokens_in, output_tokens=reply.tokens_out, counted_in=reply.limited_in
+        )
+        if self._probe_jobs:
+            self._probe_jobs.discard(job.id)
+        self._breakers.record((job.endpoint, charge.model), False)
+        self._refusals.succeeded()
+        if self._timeouts is not None:
+            self._learned(charge.model, finished - started)
+        auto = self._auto
+        if auto is not None and auto.observe(finished - started, self._progress.in_flight):
+            self._resized()
+        return outcomes.replied(
+            job,
+            reply,
+            started=started,
+            finished=finished,
+            model=charge.model,
+            cost_usd=self.costs.settle(charge, reply.usage),
+            dead_truncated=self._dead_truncated,
+        )
+
+    def _failed(self, job: Job, err: ProviderError, started: float, ticket: Ticket) -> Outcome:
+        """Feed a failure to the limiter, the concurrency and the breakers, then act on what
+        aiq.outcomes decides: pause every sender, stop the run."""
+        now = self._wall()
+        limiter = ticket.limiter
+        rate_limited = err.error_type == "rate_limit"
+        retry_after_s = self._limiter_failed(err, ticket, rate_limited)
+        outage = outcomes.outage_like(err)
+        if outage:
+            self._progress.last_error = err.message
+        probe = job.id in self._probe_jobs
+        self._probe_jobs.discard(job.id)
+        breakers = self._breakers
+        key = (job.endpoint, job.model if isinstance(job.model, str) else None)
+        breakers.record(key, outage, probe=probe, unreachable=err.unreachable, took_s=now - started)
+        health = Health(
+            down=breakers.all_down,
+            reached=breakers.reach.reached,
+            unreachable=breakers.never_reached(),
+            broken=breakers.broken(key),
+        )
+        refusals = NO_REFUSALS
+        if rate_limited and not err.fatal:  # a fatal one ends the run: no round of refusals
+            refusals = Refusals(self._refusals.refused(), self._refusals.lasted_s())
+        fate = outcomes.failed(
+            job, err, policy=self._retry, health=health, started=started, now=now,
+            retry_after_s=retry_after_s, refusals=refusals,
+        )  # fmt: skip
+        if fate.outcome.timed_out:
+            self._progress.timeouts += 1
+        if fate.pause_s is not None:
+            limiter.pause(fate.pause_s)
+            if rate_limited:
+                self._refusals.pausing(fate.pause_s)
+        if fate.give_up is not None:
+            last = self._progress.last_error
+            self._give_up(outcomes.given_up(fate.give_up, err, policy=self._retry, last_error=last))
+        return fate.outcome
+
+    def _limiter_failed(
+        self, err: ProviderError, ticket: Ticket, rate_limited: bool
+    ) -> float | None:
+        """Feed a failure to its limiter (and a 429 to auto's size); the delay to honour."""
+        limiter = ticket.limiter
+        limiter.observe(err.limits, ticket)
+        if not rate_limited:
+            limiter.answered(ticket, through=err.status_code is not None)
+            if self._auto is not None and self._auto.refused(self._progress.in_flight):
+                self._resized()
+            return err.retry_after_s
+        limiter.refund(ticket)  # a 429 is not counted against the limits
+        # ...and says to pace instead of bursting, or shows a limit nobody reported.
+        return limiter.rate_limited(
+            err.retry_after_s, upper_bound=err.retry_after_upper, ticket=ticket
+        )
+
+    # -- cut at the learned timeout ------------------------------------------------------
+
+    async def _send_timed(self, job: Job, model: str | None, timeouts: Timeouts) -> Reply:
+        """Send, cut at the model's learned timeout (aiq.timeouts); the ceiling (--timeout)
+        is the transport's read timeout, and applies alone when nothing was learned.
+
+        Cut here rather than in the transport: the bound is on the whole call, whichever
+        provider and transport, and the transport's timeouts stay the few it caches.
+        """
+        last = job.attempts + 1 >= self._retry.max_attempts  # the last gets the whole ceiling
+        limit_s = timeouts.timeout_s(model, cuts=self._cuts.get(job.id, 0), last=last)
+        untimed = None
+        if limit_s is None and not last and timeouts.learned_s(model) is None:
+            untimed = self._untimed.setdefault(model, {})
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            # No deadline of asyncio's own: a timer per call (~1,500 in flight at 500/s) cost
+            # ~4% of aiq's CPU in the timer heap. A learned limit is kept in _deadlines, and
+            # one sweep every _SWEEP_S cuts the calls past it the way asyncio.timeout would.
+            async with asyncio.timeout(None) as bound:
+                if limit_s is not None:
+                    marks = self._deadlines
+                    marks[bound] = start + limit_s
+                    if self._sweeper is None:
+                        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
+                elif untimed is not None:
+                    marks = untimed
+                    marks[bound] = start
+                else:
+                    return await self._provider.send(job.endpoint, job.body)
+                try:
+                    return await self._provider.send(job.endpoint, job.body)
+                finally:
+                    marks.pop(bound, None)
+        except TimeoutError:
+            self._cuts[job.id] = self._cuts.get(job.id, 0) + 1
+            took_s = loop.time() - start
+            raise ProviderError(
+                "timeout",
+                f"no reply in {took_s:.1f} s, aiq's timeout learned from this model's replies "
+                f"({timeouts.rule.multiple:g}x their p99); the next attempt waits longer, "
+                f"up to --timeout {timeouts.ceiling_s:g} s",
+                retryable=True,
+            ) from None
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Cut the calls past their learned timeout (a TimeoutError in each, from asyncio's
+        own timeout); look again in _SWEEP_S while any call has one."""
+        now = loop.time()
+        deadlines = self._deadlines
+        for bound in [b for b, at in deadlines.items() if at <= now]:
+            del deadlines[bound]
+            bound.reschedule(now)
+        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if deadlines else None
+
+    def _learned(self, model: str | None, latency_s: float) -> None:
+        """Feed a reply's latency to the timeouts; once the model's is known, cut the calls
+        sent before it that have run past it."""
+        assert self._timeouts is not None
+        self._timeouts.observe(model, latency_s)
+        untimed = self._untimed.get(model)
+        if untimed and (limit_s := self._timeouts.timeout_s(model)) is not None:
+            for bound, start in untimed.items():
+                bound.reschedule(start + limit_s)
+            untimed.clear()  # each is cut or answered; their finally finds them gone
