@@ -15,13 +15,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import httpx
 
 from . import calibration, machine, routing
 from .breaker import Breakers
-from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
+from .config import Config
 from .costs import CostMeter
 from .errors import (
     FatalProviderError,
@@ -38,17 +35,13 @@ from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
 from .outputs import Export, export_source
 from .pricing import price_for
-from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
-from .providers.base import Provider
-from .providers.openai import OpenAIProvider
-from .providers.simulated import SimulatedTransport
+from .providers.factory import make_provider
 from .records import DEAD, EnqueueCounts, Replayed, Source, Stats
 from .replay import replay
 from .report import plural
 from .requestfile import read_requests
 from .store import JobStore, require_store
 from .timeouts import Timeouts
-from .transport import AiohttpTransport
 from .worker import Progress, RetryPolicy, Worker
 
 ProgressCallback = Callable[[Progress], None]
@@ -170,35 +163,6 @@ def _no_store_left_on_bad_input(path: str | os.PathLike[str]) -> Iterator[None]:
         raise
 
 
-def _make_provider(config: Config, *, pool_size: int) -> tuple[Provider, httpx.AsyncBaseTransport]:
-    """The provider and the transport under it, with ``pool_size`` connections at most (the
-    caller closes the transport)."""
-    transport: httpx.AsyncBaseTransport
-    if config.provider == "simulated":
-        transport = SimulatedTransport(
-            latency_s=config.simulated_latency_s,
-            transient_error_rate=config.simulated_error_rate,
-        )
-    else:
-        # The real services need a key; any other server (vLLM, a gateway) may not.
-        real = ANTHROPIC_BASE_URL if config.provider == "anthropic" else OPENAI_BASE_URL
-        if not config.api_key and config.base_url.rstrip("/") == real:
-            raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
-        transport = AiohttpTransport(max_connections=pool_size)
-    common: dict[str, Any] = {
-        "base_url": config.base_url,
-        "api_key": config.api_key,
-        "api_key_env": config.api_key_env,
-        "extra_headers": config.extra_headers,
-        "connect_timeout_s": config.connect_timeout_s,
-        "read_timeout_s": config.timeout_s,
-    }
-    if config.provider == "anthropic":
-        max_tokens = config.max_tokens or DEFAULT_MAX_TOKENS
-        return AnthropicProvider(transport, default_max_tokens=max_tokens, **common), transport
-    return OpenAIProvider(transport, **common), transport
-
-
 async def run_batch(
     config: Config,
     *,
@@ -236,7 +200,7 @@ async def run_batch(
             await store.undefer()
             lock.note(sending_since=time.time())  # status's rate starts here, not at the read
             bound = machine.run_bound(config.max_concurrency)
-            provider, transport = _make_provider(
+            provider, transport = make_provider(
                 config, pool_size=config.fixed_concurrency or bound.senders
             )
             stats = await store.stats()
@@ -459,8 +423,8 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
     """
     forecast = Forecast(str(path), config.rpm, config.tpm, config.model_limits)
     default_output = 0
-    if config.provider == "anthropic":  # it requires max_tokens; aiq sends the default
-        default_output = config.max_tokens or DEFAULT_MAX_TOKENS
+    if config.spec.default_max_tokens is not None:  # it requires max_tokens; aiq sends one
+        default_output = config.max_tokens or config.spec.default_max_tokens
     async with contextlib.AsyncExitStack() as stack:
         store: JobStore | None = None
         if config.db.exists():
