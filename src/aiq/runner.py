@@ -187,8 +187,8 @@ async def run_batch(
     else:
         read_requests(input_path, config.defaults).check()  # before any store is made
     metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
-    with _no_store_left_on_bad_input(config.db), StoreLock(config.db, wait_s=lock_wait_s) as lock:
-        async with open_store(config) as store:
+    with _no_store_left_on_bad_input(config.db):
+        async with StoreLock(config.db, wait_s=lock_wait_s) as lock, open_store(config) as store:
             config = await routing.aim(store, config)
             added = None
             if input_path is not None:
