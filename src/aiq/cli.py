@@ -293,9 +293,8 @@ def _run(
         )
         display.summary(summary)
     except AiqError as exc:
-        partial = getattr(exc, "summary", None)
-        if partial is not None:
-            display.summary(partial)
+        if exc.summary is not None:
+            display.summary(exc.summary)
         raise
     finally:
         display.close()

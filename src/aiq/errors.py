@@ -19,11 +19,24 @@ held no line at all (a cron job whose generator failed).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: errors.py stays the bottom of the import tree
+    from .runner import RunSummary
+
 
 class AiqError(Exception):
-    """Base of every error aiq expects; ``exit_code`` is what the CLI exits with."""
+    """Base of every error aiq expects; ``exit_code`` is what the CLI exits with.
+
+    ``summary`` is what a run did before it stopped on this error (a fatal provider error
+    ends a run that sent jobs), for the CLI to show; None for errors raised before a run.
+    """
 
     exit_code: int = 2
+
+    def __init__(self, *args: object, summary: RunSummary | None = None) -> None:
+        super().__init__(*args)
+        self.summary = summary
 
 
 class UsageError(AiqError):

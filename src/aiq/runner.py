@@ -252,11 +252,10 @@ async def run_batch(
     if worker.fatal is not None:
         # A status: the server said no. None: aiq gave up on it (an outage, no answer at all).
         why = "the provider refused the run" if worker.fatal.status_code else "the run stopped"
-        raise_fatal = FatalProviderError(
-            f"{why}: {worker.fatal.message}; every job is kept, fix it and run `aiq resume`"
+        raise FatalProviderError(
+            f"{why}: {worker.fatal.message}; every job is kept, fix it and run `aiq resume`",
+            summary=summary,
         )
-        raise_fatal.summary = summary  # type: ignore[attr-defined]
-        raise raise_fatal
     return summary
 
 
