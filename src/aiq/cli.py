@@ -26,6 +26,7 @@ from typer._click.exceptions import Abort, ClickException, NoArgsIsHelpError, No
 
 from . import __version__, preflight, prices, report, runner
 from .config import Config
+from .contract import PROVIDER_NAMES
 from .errors import AiqError, UsageError
 from .outputs import open_log
 from .progress import LiveProgress, PlainProgress, wants_live_panel
@@ -54,7 +55,7 @@ DeadOpt = Annotated[
     str | None, typer.Option("--dead", help="Dead letters (default: <input>.dead.jsonl).")
 ]
 ProviderOpt = Annotated[
-    str | None, typer.Option("--provider", help="openai | anthropic | simulated.")
+    str | None, typer.Option("--provider", help=f"{' | '.join(PROVIDER_NAMES)}.")
 ]
 BaseUrlOpt = Annotated[
     str | None,

@@ -28,7 +28,7 @@ DEFAULT_DB = Path(".aiq") / "aiq.db"
 DEFAULT_CONFIG = Path("aiq.yaml")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """Everything a run needs. Build it with :meth:`Config.resolve` (or directly in code)."""
 
@@ -133,7 +133,13 @@ class Config:
     @property
     def target(self) -> Target:
         """Where this config sends jobs, as a store records it."""
-        return Target(self.provider, self.base_url, self.api_key_env, self.model, self.max_tokens)
+        return Target(
+            provider=self.provider,
+            base_url=self.base_url,
+            api_key_env=self.api_key_env,
+            model=self.model,
+            max_tokens=self.max_tokens,
+        )
 
     def aimed_at(self, stored: Target) -> Config:
         """This config resolved again with ``stored`` (a store's Target) as a layer between

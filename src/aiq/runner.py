@@ -19,6 +19,7 @@ from pathlib import Path
 from . import calibration, machine, routing
 from .breaker import Breakers
 from .config import Config
+from .contract import OnTruncated, StopReason
 from .costs import CostMeter
 from .errors import (
     FatalProviderError,
@@ -47,7 +48,7 @@ from .worker import Progress, RetryPolicy, Worker
 ProgressCallback = Callable[[Progress], None]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RunSummary:
     """What a run or resume did, and where its outputs are."""
 
@@ -57,9 +58,9 @@ class RunSummary:
     exports: list[Export] = field(default_factory=list)
     # None (ran to the end), "interrupted", "limit" (--max-runtime), "budget" (--max-cost),
     # "fatal"
-    stopped: str | None = None
+    stopped: StopReason | None = None
     duration_s: float = 0.0
-    on_truncated: str = "keep"  # what the run did with replies cut off at max_tokens
+    on_truncated: OnTruncated = "keep"  # what the run did with replies cut off at max_tokens
 
     @property
     def exit_code(self) -> int:
@@ -237,8 +238,8 @@ async def run_batch(
             # A run that changed nothing leaves files that already say what the store holds.
             exports = await _export_all(store, config, input_path, out, dead, skip_unchanged=True)
             summary = RunSummary(
-                added, progress, await store.stats(), exports, stopped,
-                on_truncated=config.on_truncated,
+                added=added, progress=progress, stats=await store.stats(), exports=exports,
+                stopped=stopped, on_truncated=config.on_truncated,
             )  # fmt: skip
             if stopped in ("interrupted", "limit") and not summary.stats.remaining:
                 summary.stopped = None  # the drain finished every job: a finished run
@@ -295,7 +296,7 @@ async def _work(
     on_progress: ProgressCallback | None,
     interval_s: float,
     handle_signals: bool,
-) -> str | None:
+) -> StopReason | None:
     """Run the worker with a progress ticker, signals and --max-runtime; returns why it stopped.
 
     A stop (signal, deadline, fatal error) drains: in-flight requests get ``grace_s`` to finish
@@ -303,7 +304,7 @@ async def _work(
     """
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(worker.run())
-    reason: str | None = None
+    reason: StopReason | None = None
     signals = 0
 
     def on_signal() -> None:
