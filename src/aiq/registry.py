@@ -2,8 +2,8 @@
 
 Config takes its defaults from a spec (base URL, key variable, the variable its SDK reads a
 base URL from, the highest temperature), ``aiq check`` its model list and key rule, and
-:func:`aiq.providers.make_provider` the class, transport and headers of a run. No other module
-tests a provider's name.
+:func:`aiq.providers.factory.make_provider` the class, transport and headers of a run. No
+other module tests a provider's name.
 
 Adding a provider is adding one :class:`ProviderSpec` to :data:`SPECS` (and its name to
 ``contract.ProviderName``, so mypy knows it). One that speaks OpenAI's or Anthropic's API
