@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import inspect
 import io
+import json
 import re
 from pathlib import Path
 
 import pytest
+from conftest import API_KEY, aiq_env, run_aiq
+from fakeserver import FakeServer
 
 import aiq
 from aiq.config import Config
 from aiq.durations import fmt_duration
-from aiq.errors import AiqError, UsageError
+from aiq.errors import AiqError, FatalProviderError, UsageError
 from aiq.progress import PlainProgress
 from aiq.run_records import Progress
 
@@ -65,6 +68,24 @@ def test_every_error_carries_its_exit_code() -> None:
         "LimitReached": 5,
         "Interrupted": 130,
     }
+
+
+def test_an_error_carries_the_summary_of_the_run_it_stopped(tmp_path: Path) -> None:
+    """A fatal provider error ends a run that did work: the CLI shows what it did (with
+    --json, as JSON on stdout) from the error's ``summary``, declared on every AiqError."""
+    assert UsageError("bad flag").summary is None
+    assert str(FatalProviderError("refused", summary=None)) == "refused"
+    (tmp_path / "k.jsonl").write_text('{"custom_id": "a", "prompt": "hi"}\n')
+    with FakeServer(require_key=API_KEY) as server:
+        args = ("--base-url", server.base_url, "--model", "m", "--json")
+        proc = run_aiq("run", "k.jsonl", *args, cwd=tmp_path, env=aiq_env(OPENAI_API_KEY="sk-no"))
+    assert proc.returncode == 4, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert (shown["stopped"], shown["exit_code"], shown["status"]["counts"]["queued"]) == (
+        "fatal",
+        4,
+        1,
+    )
 
 
 def test_public_api_is_declared() -> None:

@@ -106,8 +106,8 @@ def test_run_state_reads_the_lock_without_taking_it(tmp_path: Path) -> None:
 def test_the_text_says_when_the_last_run_ended_and_shows_no_rate() -> None:
     counts = {"queued": 3, "running": 0, "done": 7, "dead": 0}
     ended = RunState(active=False, pid=1, host="h", started_at=1_000.0, ended_at=1_030.0)
-    s = Stats(10, counts, done_recent=7, tokens_in=0, tokens_out=0, oldest_queued_s=40.0,
-              top_errors=[], run=ended)  # fmt: skip
+    s = Stats(total=10, counts=counts, done_recent=7, tokens_in=0, tokens_out=0,
+              oldest_queued_s=40.0, top_errors=[], run=ended)  # fmt: skip
 
     lines = status_lines(s, now=1_150.0)
 

@@ -23,6 +23,7 @@ import typer
 from typer._click.exceptions import Abort, ClickException, NoArgsIsHelpError, NoSuchOption
 
 from . import __version__
+from .contract import PROVIDER_NAMES
 from .errors import AiqError, UsageError
 from .files import open_log
 from .text import plural
@@ -60,7 +61,7 @@ DeadOpt = Annotated[
     str | None, typer.Option("--dead", help="Dead letters (default: <input>.dead.jsonl).")
 ]
 ProviderOpt = Annotated[
-    str | None, typer.Option("--provider", help="openai | anthropic | simulated.")
+    str | None, typer.Option("--provider", help=f"{' | '.join(PROVIDER_NAMES)}.")
 ]
 BaseUrlOpt = Annotated[
     str | None,
@@ -322,9 +323,10 @@ def _run(
         )
         display.summary(summary)
     except AiqError as exc:
-        partial = getattr(exc, "summary", None)
-        if partial is not None:
-            display.summary(partial)
+        from .run_records import RunSummary
+
+        if isinstance(exc.summary, RunSummary):
+            display.summary(exc.summary)
         raise
     finally:
         display.close()

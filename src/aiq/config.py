@@ -9,36 +9,33 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .contract import OnTruncated, Order, ProviderName
 from .errors import UsageError
 from .inputs import Defaults
 from .pricing import Price, price_table
 from .records import Target
+from .registry import DEFAULT, SPECS, ProviderSpec, spec_for
 from .settings import SETTINGS, check_setting
 
 DEFAULT_DB = Path(".aiq") / "aiq.db"
 DEFAULT_CONFIG = Path("aiq.yaml")
-OPENAI_BASE_URL = "https://api.openai.com/v1"
-SIMULATED_BASE_URL = "http://simulated.invalid/v1"
-DEFAULT_KEY_ENV = "OPENAI_API_KEY"
-ANTHROPIC_BASE_URL = "https://api.anthropic.com"
-ANTHROPIC_KEY_ENV = "ANTHROPIC_API_KEY"
-SIMULATED_MODEL = "aiq-simulated"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """Everything a run needs. Build it with :meth:`Config.resolve` (or directly in code)."""
 
     db: Path = DEFAULT_DB
-    provider: str = "openai"
-    base_url: str = OPENAI_BASE_URL
+    # A provider in the registry (aiq.registry); base_url and api_key_env default to its own.
+    provider: ProviderName = DEFAULT.name
+    base_url: str = DEFAULT.base_url
     # The name of the environment variable holding the key, and (never printed) its value.
-    api_key_env: str = DEFAULT_KEY_ENV
+    api_key_env: str = DEFAULT.key_env
     api_key: str | None = field(default=None, repr=False)
     extra_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     model: str | None = None
@@ -64,13 +61,13 @@ class Config:
     max_cost_usd: float | None = None  # stop claiming before spending more; exit 5, resumable
     # A reply cut off at max_tokens: "keep" it as a result (counted), or "dead"-letter it for
     # a replay with more tokens (aiq.stops). Content-filter stops are always kept.
-    on_truncated: str = "keep"
+    on_truncated: OnTruncated = "keep"
     # Per-model rate limits ({model: {rpm:, tpm:}}); other models get rpm / tpm above.
     model_limits: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     # USD per 1M tokens by model, over pricing.DEFAULT_PRICES ({model: {input:, output:}}).
     prices: Mapping[str, Price] = field(default_factory=dict)
     metrics_file: str | None = None  # Prometheus textfile, rewritten during and after a run
-    order: str = "done"
+    order: Order = "done"
     strict: bool = False
     simulated_latency_s: float = 0.5
     simulated_error_rate: float = 0.05
@@ -91,23 +88,30 @@ class Config:
                 problems.append(f"{name}: {exc}")
         if problems:
             raise UsageError("\n".join(problems))
-        if self.provider == "anthropic":
-            # Built in code with only the provider named: Anthropic's own defaults, as
-            # resolve() gives them, not OpenAI's.
-            if self.base_url == OPENAI_BASE_URL:
-                object.__setattr__(self, "base_url", ANTHROPIC_BASE_URL)
-            if self.api_key_env == DEFAULT_KEY_ENV:
-                object.__setattr__(self, "api_key_env", ANTHROPIC_KEY_ENV)
-            if self.temperature is not None and self.temperature > 1:
-                raise UsageError(
-                    f"temperature: {self.temperature:g} is above 1, the most Anthropic takes; "
-                    "use a number from 0 to 1 with provider anthropic"
-                )
+        spec = self.spec
+        if spec is not DEFAULT:
+            # Built in code with only the provider named: its own defaults, as resolve()
+            # gives them, not those of the default provider.
+            if self.base_url == DEFAULT.base_url:
+                object.__setattr__(self, "base_url", spec.base_url)
+            if self.api_key_env == DEFAULT.key_env:
+                object.__setattr__(self, "api_key_env", spec.key_env)
+        if self.temperature is not None and self.temperature > spec.max_temperature:
+            most = f"{spec.max_temperature:g}"
+            raise UsageError(
+                f"temperature: {self.temperature:g} is above {most}, the most {spec.title} "
+                f"takes; use a number from 0 to {most} with provider {spec.name}"
+            )
         if self.backoff_base_s > self.backoff_cap_s:
             raise UsageError(
                 f"backoff_base_s: {self.backoff_base_s:g} is above backoff_cap_s "
                 f"({self.backoff_cap_s:g}); use a base no larger than the cap"
             )
+
+    @property
+    def spec(self) -> ProviderSpec:
+        """The provider's spec in the registry (aiq.registry)."""
+        return SPECS[self.provider]  # checked by __post_init__'s SETTINGS
 
     @property
     def fixed_concurrency(self) -> int | None:
@@ -127,7 +131,13 @@ class Config:
     @property
     def target(self) -> Target:
         """Where this config sends jobs, as a store records it."""
-        return Target(self.provider, self.base_url, self.api_key_env, self.model, self.max_tokens)
+        return Target(
+            provider=self.provider,
+            base_url=self.base_url,
+            api_key_env=self.api_key_env,
+            model=self.model,
+            max_tokens=self.max_tokens,
+        )
 
     def aimed_at(self, stored: Target) -> Config:
         """This config resolved again with ``stored`` (a store's Target) as a layer between
@@ -177,27 +187,15 @@ class Config:
                         put(name, value, f"{name} recorded in the store")
         for name, value in file_values.items():
             put(name, value, f"{path}: {spelled[name]}")
-        file_url = values.get("base_url")
-        for var, name in (("OPENAI_BASE_URL", "base_url"), ("AIQ_DB", "db")):
-            if var in env:
-                put(name, env[var], f"${var}")
+        if "AIQ_DB" in env:
+            put("db", env["AIQ_DB"], "$AIQ_DB")
         set_flags = {k: v for k, v in (flags or {}).items() if v is not None}
         for name, value in set_flags.items():
             put(name, value, _flag_name(name))
-        if values.get("provider") == "simulated":
-            if "base_url" not in set_flags:
-                values["base_url"] = SIMULATED_BASE_URL
-            values.setdefault("model", SIMULATED_MODEL)
-        elif values.get("provider") == "anthropic" and "base_url" not in set_flags:
-            # OPENAI_BASE_URL is not for Anthropic; its SDK reads ANTHROPIC_BASE_URL.
-            values["base_url"] = file_url or ANTHROPIC_BASE_URL
-            if "ANTHROPIC_BASE_URL" in env:
-                put("base_url", env["ANTHROPIC_BASE_URL"], "$ANTHROPIC_BASE_URL")
-        if values.get("provider") == "anthropic":
-            values.setdefault("api_key_env", ANTHROPIC_KEY_ENV)
+        _provider_defaults(values, set_flags, env, put)
         if problems:
             raise UsageError("\n".join(problems))
-        key_env = values.get("api_key_env", DEFAULT_KEY_ENV)
+        key_env = values["api_key_env"]
         values["api_key"] = env.get(key_env) or None
         return cls(**values, config_path=path, origin=origin)
 
@@ -222,6 +220,30 @@ _ALIASES = {
     "max_outage": "max_outage_s",
     "max_cost": "max_cost_usd",
 }
+
+
+def _provider_defaults(
+    values: dict[str, Any],
+    flags: Mapping[str, Any],
+    env: Mapping[str, str],
+    put: Callable[[str, Any, str], None],
+) -> None:
+    """What the provider's spec decides, under the flags: an offline provider's base URL is
+    its own; another's comes from the variable its SDK reads (OPENAI_BASE_URL means nothing
+    to Anthropic), else the file or the store, else the spec. Then its key variable and its
+    default model, where nothing named them."""
+    spec = spec_for(values.get("provider", DEFAULT.name))
+    if "base_url" not in flags and (spec.offline or "base_url" not in values):
+        values["base_url"] = spec.base_url
+    var = None if spec.offline else spec.base_url_env
+    if var is not None and var in env:
+        flagged = values.get("base_url")
+        put("base_url", env[var], f"${var}")  # checked even where a flag overrides it
+        if "base_url" in flags:
+            values["base_url"] = flagged
+    values.setdefault("api_key_env", spec.key_env)
+    if spec.default_model is not None:
+        values.setdefault("model", spec.default_model)
 
 
 def _default_config_path() -> Path | None:

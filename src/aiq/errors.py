@@ -21,9 +21,19 @@ from __future__ import annotations
 
 
 class AiqError(Exception):
-    """Base of every error aiq expects; ``exit_code`` is what the CLI exits with."""
+    """Base of every error aiq expects; ``exit_code`` is what the CLI exits with.
+
+    ``summary`` is what a run did before it stopped on this error (a fatal provider error
+    ends a run that sent jobs), for the CLI to show; None for errors raised before a run. (An
+    ``aiq.run_records.RunSummary``, typed ``object`` here: errors.py is the bottom of the
+    import tree, and the summary's exit codes come from here.)
+    """
 
     exit_code: int = 2
+
+    def __init__(self, *args: object, summary: object | None = None) -> None:
+        super().__init__(*args)
+        self.summary = summary
 
 
 class UsageError(AiqError):

@@ -6,6 +6,7 @@ never leaves a stale lock behind. The file also says who holds it, for the error
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -20,6 +21,7 @@ from .errors import StoreError, StoreLocked
 from .records import RunState
 
 STORE_DIR = ".aiq"  # the default store's directory, the only one aiq makes itself
+_POLL_S = 0.2  # how often --wait tries the lock again
 
 
 def make_store_dir(db: Path) -> None:
@@ -43,7 +45,8 @@ def make_store_dir(db: Path) -> None:
 
 
 class StoreLock:
-    """``with StoreLock(db_path):`` — held for the whole of a run or resume."""
+    """``async with StoreLock(db_path):`` — held for the whole of a run or resume. A plain
+    ``with`` works too, where no event loop runs."""
 
     def __init__(self, db_path: str | os.PathLike[str], *, wait_s: float = 0.0) -> None:
         self.path = Path(f"{db_path}.lock")
@@ -52,27 +55,52 @@ class StoreLock:
         self._info: dict[str, object] = {}
 
     def __enter__(self) -> StoreLock:
+        """Take the lock, waiting up to ``wait_s`` with ``time.sleep``: outside a loop only."""
         fd = self._open()
         deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = _holder(fd)
-                    os.close(fd)
-                    raise StoreLocked(
-                        f"another aiq run holds {self.path.with_suffix('')} ({holder}); "
-                        "wait for it to finish, or pass --wait SECONDS"
-                    ) from None
-                time.sleep(0.2)
+        try:
+            while not self._try(fd, deadline):
+                time.sleep(_POLL_S)
+        except BaseException:  # Ctrl-C while waiting
+            _close(fd)
+            raise
+        return self
+
+    async def __aenter__(self) -> StoreLock:
+        """``async with StoreLock(db_path):`` — the same, waiting without blocking the event
+        loop: a program that runs aiq beside other tasks keeps running them for the
+        ``--wait`` seconds, and a run in the same process can release the lock meanwhile."""
+        fd = self._open()
+        deadline = time.monotonic() + self.wait_s
+        try:
+            while not self._try(fd, deadline):
+                await asyncio.sleep(_POLL_S)
+        except BaseException:  # cancelled (Ctrl-C) while waiting
+            _close(fd)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__(*exc)
+
+    def _try(self, fd: int, deadline: float) -> bool:
+        """Take the lock on ``fd`` if it is free, and say so; StoreLocked past ``deadline``.
+        flock has no timeout of its own, so waiting is polling."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                return False
+            raise StoreLocked(
+                f"another aiq run holds {self.path.with_suffix('')} ({_holder(fd)}); "
+                "wait for it to finish, or pass --wait SECONDS"
+            ) from None
         self._fd = fd
         self._info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
         with suppress(OSError):  # first: what the last run wrote must not speak for this one
             os.ftruncate(fd, 0)
         self._write()
-        return self
+        return True
 
     def note(self, **info: float) -> None:
         """Add to what the lock file says of this run (``sending_since``, for status)."""
@@ -164,6 +192,11 @@ def _gone(pid: int) -> bool:
     except OSError:
         return False
     return False
+
+
+def _close(fd: int) -> None:
+    with suppress(OSError):
+        os.close(fd)
 
 
 def _holder(fd: int) -> str:

@@ -18,13 +18,12 @@ from typing import Any
 import httpx
 
 from . import machine, prices, routing
-from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
+from .config import Config
 from .errors import FatalProviderError, StoreError, UsageError
 from .pricing import PRICE_MAX_AGE_DAYS, Price
-from .providers.anthropic import ANTHROPIC_VERSION
 from .providers.base import error_message, secret_of
-from .providers.openai import endpoint_url
 from .records import STATE_NAMES
+from .registry import endpoint_url
 from .store import JobStore, StoreOutdated
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -91,8 +90,8 @@ async def run_checks(
         return CheckReport([*findings, Finding(WARN, "checks", "the rest need a valid config")])
     config, routed = await _aim(config)
     findings = [_config_finding(config), *routed]
-    if config.provider == "simulated":
-        findings.append(Finding(OK, "provider", "simulated: no key or network needed"))
+    if config.spec.offline:
+        findings.append(Finding(OK, "provider", f"{config.provider}: no key or network needed"))
     else:
         findings.append(key := _key_finding(config))
         if key.status == FAIL:  # the provider would only refuse us
@@ -115,15 +114,10 @@ def _config_finding(c: Config) -> Finding:
     )
 
 
-def _official(c: Config) -> bool:
-    official = ANTHROPIC_BASE_URL if c.provider == "anthropic" else OPENAI_BASE_URL
-    return c.base_url.rstrip("/") == official
-
-
 def _key_finding(c: Config) -> Finding:
     if c.api_key:
         return Finding(OK, "API key", f"found in ${c.api_key_env} (not shown)")
-    if _official(c):
+    if c.spec.needs_key(c.base_url):
         return Finding(
             FAIL,
             "API key",
@@ -133,26 +127,11 @@ def _key_finding(c: Config) -> Finding:
     return Finding(OK, "API key", f"${c.api_key_env} is not set: fine for a server that needs none")
 
 
-def _models_request(c: Config) -> tuple[str, dict[str, str]]:
-    """The URL and headers that list the provider's models, as its SDK would ask."""
-    base = c.base_url.rstrip("/")
-    headers = dict(c.extra_headers)
-    if c.provider == "anthropic":
-        base = base.removesuffix("/v1")
-        headers["anthropic-version"] = ANTHROPIC_VERSION
-        if c.api_key:
-            headers["x-api-key"] = c.api_key
-        return f"{base}/v1/models?limit=1000", headers
-    if c.api_key:
-        headers["authorization"] = f"Bearer {c.api_key}"
-    return endpoint_url(base, "/v1/models"), headers  # where a run sends, /v1 and all
-
-
 def _base_url_finding(c: Config) -> Finding | None:
     """A warning for an OpenAI-compatible base URL without ``/v1``: a run adds it (as the
     model list was asked for here), where other clients would not."""
     base = c.base_url.rstrip("/")
-    if c.provider != "openai" or base.endswith("/v1"):
+    if c.spec.host_base or base.endswith("/v1"):
         return None
     return Finding(
         WARN,
@@ -169,7 +148,7 @@ _LIST_TIMEOUT_S = 30.0
 async def _endpoint_findings(
     c: Config, transport: httpx.AsyncBaseTransport | None
 ) -> list[Finding]:
-    url, headers = _models_request(c)
+    url, headers = c.spec.models_request(c.base_url, c.api_key, c.extra_headers)
     shown = url.split("?")[0]
     # The model list comes at once: --timeout's 600 s are for long generations, not this.
     timeout = httpx.Timeout(min(c.timeout_s, _LIST_TIMEOUT_S), connect=c.connect_timeout_s)

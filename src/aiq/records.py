@@ -7,12 +7,16 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+# Job states live in aiq.contract; named here too, where the store's readers look for them.
+from .contract import DEAD as DEAD
+from .contract import DONE as DONE
+from .contract import QUEUED as QUEUED
+from .contract import RUNNING as RUNNING
+from .contract import STATE_NAMES as STATE_NAMES
+from .contract import JobError, JobState, ProviderName, StateName
 from .errors import EMPTY_INPUT, SKIPPED_LINES
 from .inputs import BadLine
 from .usage import TokenKinds, Usage
-
-QUEUED, RUNNING, DONE, DEAD = 0, 1, 2, 3
-STATE_NAMES = ("queued", "running", "done", "dead")
 
 
 def k64(key: bytes) -> int:
@@ -33,13 +37,13 @@ class Source:
     dead_path: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
     """Where a store's jobs go: its provider, base URL, key variable and the defaults its
     lines were enqueued with. Recorded by the first run, so ``aiq resume`` (and a cron line
     with no flags) goes on the same way; the key itself stays in the environment."""
 
-    provider: str
+    provider: ProviderName
     base_url: str
     api_key_env: str
     model: str | None = None
@@ -65,8 +69,13 @@ class Target:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Target:
-        return cls(d["provider"], d["base_url"], d["api_key_env"], d.get("model"),
-                   d.get("max_tokens"))  # fmt: skip
+        return cls(
+            provider=d["provider"],
+            base_url=d["base_url"],
+            api_key_env=d["api_key_env"],
+            model=d.get("model"),
+            max_tokens=d.get("max_tokens"),
+        )
 
 
 def _root(url: str) -> str:
@@ -93,13 +102,13 @@ class Outcome:
     """What became of one attempt; the worker builds it, the store records it in a batch."""
 
     job_id: int
-    state: int  # DONE, QUEUED (retry later) or DEAD
+    state: JobState  # DONE, QUEUED (retry later) or DEAD
     attempts: int
     started_at: float
     finished_at: float | None = None
     next_at: float = 0.0
     status_code: int | None = None
-    error_type: str | None = None
+    error_type: JobError | None = None
     error_message: str | None = None
     request_id: str | None = None
     response: bytes | None = None
@@ -120,7 +129,7 @@ class Outcome:
         return None if self.usage is None else self.usage.tokens_out
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class EnqueueCounts:
     """What ``add`` did: lines new to the store, already known, re-pointed, invalid."""
 
@@ -148,7 +157,7 @@ class EnqueueCounts:
         return SKIPPED_LINES if self.invalid else 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Replayed:
     """What ``replay-dead`` did: how many dead jobs it queued again, the error types the dead
     jobs had before, and why each custom_id asked for that was not replayed was not."""
@@ -188,7 +197,7 @@ class ModelUsage:
 RATE_WINDOW_S = 60.0  # status's rate: of the jobs done over the last minute at most
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunState:
     """Whether a run holds the store, and what its lock file says of it (lock.run_state).
 
@@ -219,12 +228,12 @@ class RunState:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stats:
     """Where the store stands, for ``status`` and the final summary."""
 
     total: int
-    counts: dict[str, int]
+    counts: dict[StateName, int]
     done_recent: int  # done in the last ``rate_window_s`` seconds
     tokens_in: int
     tokens_out: int

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .config import Config
 from .errors import UsageError
+from .registry import spec_for
 from .store import JobStore
 
 
@@ -24,17 +25,17 @@ async def aim(store: JobStore, config: Config) -> Config:
     if wanted.same_place(stored):
         return aimed
     total, unfinished = await store.job_counts()
-    if total and stored.provider == "simulated":
+    if total and (was := spec_for(stored.provider)).offline:
         raise UsageError(
-            f"{store.path} holds the simulated provider's jobs and answers: a run to "
+            f"{store.path} holds {was.title}'s jobs and answers: a run to "
             f"{wanted.where} would skip every request the simulation answered. Use a new "
             f"store for it (--db PATH), or remove {store.path}"
         )
-    if total and wanted.provider == "simulated":
+    if total and aimed.spec.offline:
         raise UsageError(
-            f"{store.path} holds jobs for {stored.where}: the simulated provider never answers "
-            "them (its answers would be kept as done). Give the simulation a store of its own: "
-            "--db .aiq/simulated.db"
+            f"{store.path} holds jobs for {stored.where}: {aimed.spec.title} never answers "
+            f"them (its answers would be kept as done). Give it a store of its own: "
+            f"--db .aiq/{aimed.provider}.db"
         )
     if unfinished and not aimed.reroute:
         were = "job was" if unfinished == 1 else "jobs were"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .contract import OnTruncated, StopReason
 from .errors import FatalProviderError, Interrupted, LimitReached
 from .records import EnqueueCounts, Stats
 from .usage import TokenKinds
@@ -80,7 +81,7 @@ class Export:
     written: bool = True  # False: the files were already what the store holds
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RunSummary:
     """What a run or resume did, and where its outputs are."""
 
@@ -90,9 +91,9 @@ class RunSummary:
     exports: list[Export] = field(default_factory=list)
     # None (ran to the end), "interrupted", "limit" (--max-runtime), "budget" (--max-cost),
     # "fatal"
-    stopped: str | None = None
+    stopped: StopReason | None = None
     duration_s: float = 0.0
-    on_truncated: str = "keep"  # what the run did with replies cut off at max_tokens
+    on_truncated: OnTruncated = "keep"  # what the run did with replies cut off at max_tokens
 
     @property
     def exit_code(self) -> int:

@@ -14,10 +14,11 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import calibration, machine, routing
-from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
+from .config import Config
+from .contract import StopReason
 from .costs import CostMeter
 from .errors import (
     FatalProviderError,
@@ -40,14 +41,11 @@ from .text import plural
 from .timeouts import Timeouts
 
 if TYPE_CHECKING:
-    import httpx
-
-    from .providers.base import Provider
     from .worker import Worker
 
 # The worker, the limiters and the providers with their HTTP clients are imported by the
-# functions that send (run_batch, _make_provider), not here: `aiq status`, `add` and `export`
-# use this module too, and start in half the time without them.
+# functions that send (run_batch, through providers.factory), not here: `aiq status`, `add`
+# and `export` use this module too, and start in half the time without them.
 
 ProgressCallback = Callable[[Progress], None]
 
@@ -138,40 +136,6 @@ def _no_store_left_on_bad_input(path: str | os.PathLike[str]) -> Iterator[None]:
         raise
 
 
-def _make_provider(config: Config, *, pool_size: int) -> tuple[Provider, httpx.AsyncBaseTransport]:
-    """The provider and the transport under it, with ``pool_size`` connections at most (the
-    caller closes the transport)."""
-    from .providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
-    from .providers.openai import OpenAIProvider
-    from .providers.simulated import SimulatedTransport
-    from .transport import AiohttpTransport
-
-    transport: httpx.AsyncBaseTransport
-    if config.provider == "simulated":
-        transport = SimulatedTransport(
-            latency_s=config.simulated_latency_s,
-            transient_error_rate=config.simulated_error_rate,
-        )
-    else:
-        # The real services need a key; any other server (vLLM, a gateway) may not.
-        real = ANTHROPIC_BASE_URL if config.provider == "anthropic" else OPENAI_BASE_URL
-        if not config.api_key and config.base_url.rstrip("/") == real:
-            raise UsageError(f"no API key: set {config.api_key_env} (or try --provider simulated)")
-        transport = AiohttpTransport(max_connections=pool_size)
-    common: dict[str, Any] = {
-        "base_url": config.base_url,
-        "api_key": config.api_key,
-        "api_key_env": config.api_key_env,
-        "extra_headers": config.extra_headers,
-        "connect_timeout_s": config.connect_timeout_s,
-        "read_timeout_s": config.timeout_s,
-    }
-    if config.provider == "anthropic":
-        max_tokens = config.max_tokens or DEFAULT_MAX_TOKENS
-        return AnthropicProvider(transport, default_max_tokens=max_tokens, **common), transport
-    return OpenAIProvider(transport, **common), transport
-
-
 async def run_batch(
     config: Config,
     *,
@@ -200,8 +164,8 @@ async def run_batch(
     else:
         read_requests(input_path, config.defaults).check()  # before any store is made
     metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
-    with _no_store_left_on_bad_input(config.db), StoreLock(config.db, wait_s=lock_wait_s) as lock:
-        async with open_store(config) as store:
+    with _no_store_left_on_bad_input(config.db):
+        async with StoreLock(config.db, wait_s=lock_wait_s) as lock, open_store(config) as store:
             config = await routing.aim(store, config)
             added = None
             if input_path is not None:
@@ -213,7 +177,9 @@ async def run_batch(
             await store.undefer()
             lock.note(sending_since=time.time())  # status's rate starts here, not at the read
             bound = machine.run_bound(config.max_concurrency)
-            provider, transport = _make_provider(
+            from .providers.factory import make_provider  # (it loads the HTTP clients)
+
+            provider, transport = make_provider(
                 config, pool_size=config.fixed_concurrency or bound.senders
             )
             stats = await store.stats()
@@ -250,8 +216,8 @@ async def run_batch(
             # A run that changed nothing leaves files that already say what the store holds.
             exports = await _export_all(store, config, input_path, out, dead, skip_unchanged=True)
             summary = RunSummary(
-                added, progress, await store.stats(), exports, stopped,
-                on_truncated=config.on_truncated,
+                added=added, progress=progress, stats=await store.stats(), exports=exports,
+                stopped=stopped, on_truncated=config.on_truncated,
             )  # fmt: skip
             if stopped in ("interrupted", "limit") and not summary.stats.remaining:
                 summary.stopped = None  # the drain finished every job: a finished run
@@ -265,11 +231,10 @@ async def run_batch(
     if worker.fatal is not None:
         # A status: the server said no. None: aiq gave up on it (an outage, no answer at all).
         why = "the provider refused the run" if worker.fatal.status_code else "the run stopped"
-        raise_fatal = FatalProviderError(
-            f"{why}: {worker.fatal.message}; every job is kept, fix it and run `aiq resume`"
+        raise FatalProviderError(
+            f"{why}: {worker.fatal.message}; every job is kept, fix it and run `aiq resume`",
+            summary=summary,
         )
-        raise_fatal.summary = summary  # type: ignore[attr-defined]
-        raise raise_fatal
     return summary
 
 
@@ -309,7 +274,7 @@ async def _work(
     on_progress: ProgressCallback | None,
     interval_s: float,
     handle_signals: bool,
-) -> str | None:
+) -> StopReason | None:
     """Run the worker with a progress ticker, signals and --max-runtime; returns why it stopped.
 
     A stop (signal, deadline, fatal error) drains: in-flight requests get ``grace_s`` to finish
@@ -317,7 +282,7 @@ async def _work(
     """
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(worker.run())
-    reason: str | None = None
+    reason: StopReason | None = None
     signals = 0
 
     def on_signal() -> None:
@@ -434,12 +399,10 @@ async def forecast_file(config: Config, path: Path) -> Forecast:
     neither: dead jobs wait for ``replay-dead``); the store is opened read-only, and only if
     it exists.
     """
-    from .providers.anthropic_messages import DEFAULT_MAX_TOKENS
-
     forecast = Forecast(str(path), config.rpm, config.tpm, config.model_limits)
     default_output = 0
-    if config.provider == "anthropic":  # it requires max_tokens; aiq sends the default
-        default_output = config.max_tokens or DEFAULT_MAX_TOKENS
+    if config.spec.default_max_tokens is not None:  # it requires max_tokens; aiq sends one
+        default_output = config.max_tokens or config.spec.default_max_tokens
     async with contextlib.AsyncExitStack() as stack:
         store: JobStore | None = None
         if config.db.exists():

@@ -13,9 +13,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .contract import ON_TRUNCATED, ORDERS
 from .pricing import Price, parse_prices
+from .registry import SPECS
 
-PROVIDERS = ("openai", "anthropic", "simulated")
+PROVIDERS = tuple(SPECS)
 
 # A check returns the value as Config holds it (an int timeout as a float, a path as a Path) or
 # raises ValueError saying what is wrong with it, quoting it; check_setting adds the "use ...".
@@ -177,8 +179,8 @@ SETTINGS: dict[str, tuple[Check, str]] = {
         "cached_input, cache_write, cache_read if you like",
     ),
     "metrics_file": (_optional(_text()), "the path of a file to write metrics to"),
-    "order": (_one_of("done", "input"), "done | input"),
-    "on_truncated": (_one_of("keep", "dead"), "keep | dead"),
+    "order": (_one_of(*ORDERS), " | ".join(ORDERS)),
+    "on_truncated": (_one_of(*ON_TRUNCATED), " | ".join(ON_TRUNCATED)),
     "strict": (_yes_no, "true or false"),
     "reroute": (_yes_no, "true or false"),
     "simulated_latency_s": (_number(0), "a number of seconds, 0 or more"),

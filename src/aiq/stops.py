@@ -18,10 +18,12 @@ providers document them:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-TRUNCATED = "truncated"
-CONTENT_FILTER = "content_filter"
+from .contract import StopKind
+
+TRUNCATED: Final = "truncated"
+CONTENT_FILTER: Final = "content_filter"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +31,7 @@ class Stop:
     """A reply that stopped short: ``kind`` (:data:`TRUNCATED` or :data:`CONTENT_FILTER`) and
     what the reply said, for messages (``finish_reason "length"``)."""
 
-    kind: str
+    kind: StopKind
     said: str
 
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import orjson
 
+from ..registry import ANTHROPIC_MAX_TOKENS as DEFAULT_MAX_TOKENS
 from .base import ProviderError
 
-DEFAULT_MAX_TOKENS = 1024
-"""``max_tokens`` for a request naming none, when the config sets none either."""
+__all__ = ["DEFAULT_MAX_TOKENS", "refuse", "to_messages_body"]
 
 _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
+from ..contract import ErrorType
 from ..ratelimit_headers import (
     RATE_LIMIT_PREFIXES,
     RateLimitInfo,
@@ -21,7 +22,7 @@ from ..stops import Stop
 from ..usage import Usage
 
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
-_BY_STATUS: dict[int, tuple[str, bool, bool]] = {
+_BY_STATUS: dict[int, tuple[ErrorType, bool, bool]] = {
     400: ("invalid_request", False, False),
     401: ("auth", False, True),
     403: ("auth", False, True),
@@ -38,7 +39,7 @@ _BY_STATUS: dict[int, tuple[str, bool, bool]] = {
     504: ("server", True, False),
     529: ("server", True, False),
 }
-_FATAL_HINTS = {
+_FATAL_HINTS: dict[ErrorType, str] = {
     "auth": "check the API key (environment variable {key_env}) and its permissions",
     "not_found": "check --base-url and the model name",
     "quota": "the account is out of quota or credit; add credit or raise the limit, then resume",
@@ -107,7 +108,7 @@ class ProviderError(Exception):
 
     def __init__(
         self,
-        error_type: str,
+        error_type: ErrorType,
         message: str,
         *,
         status_code: int | None = None,
@@ -196,7 +197,9 @@ async def exchange(
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         # Nothing answered at that address: name it, since a run may stop on this alone.
         message = f"cannot reach {request.url} ({describe(exc)})"
-        error_type = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection"
+        error_type: ErrorType = (
+            "timeout" if isinstance(exc, httpx.TimeoutException) else "connection"
+        )
         raise ProviderError(error_type, message, retryable=True, unreachable=True) from None
     except httpx.TimeoutException as exc:
         raise ProviderError("timeout", describe(exc), retryable=True) from None
@@ -353,7 +356,7 @@ def error_codes(content: bytes) -> frozenset[str]:
 
 def classify_status(
     status: int, message: str, code: str | None = None, *, codes: frozenset[str] = frozenset()
-) -> tuple[str, bool, bool]:
+) -> tuple[ErrorType, bool, bool]:
     """(error type, retryable, fatal) for an HTTP error status and the provider's message;
     ``codes``, every code the body names (:func:`error_codes`)."""
     lowered = message.lower()
@@ -372,7 +375,7 @@ def classify_status(
     return "invalid_request", False, False
 
 
-def fatal_hint(error_type: str, key_env: str) -> str:
+def fatal_hint(error_type: ErrorType, key_env: str) -> str:
     """What the user should fix after a fatal error of this type."""
     return _FATAL_HINTS.get(error_type, "fix the provider settings").format(key_env=key_env)
 
