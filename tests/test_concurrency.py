@@ -20,8 +20,9 @@ def test_with_no_limit_known_one_request_goes_first() -> None:
 
 def test_a_configured_limit_sizes_for_it_at_an_assumed_second_of_latency() -> None:
     auto = AutoConcurrency(Limiters(rpm=6000), 256)
-    # 6,000/min paced at 98%: 98 a second; x 1 s x 1.25, plus two for the ramp.
-    assert auto.size == math.ceil(98 * 1.0 * 1.25) + 2 == 125
+    # 6,000/min paced at 98%: 98 a second; x 1 s x 1.25, plus two for the ramp, plus two for
+    # the presumed bucket's next opening (aiq.budget: one more per answer).
+    assert auto.size == math.ceil(98 * 1.0 * 1.25) + 2 + 2 == 127
     assert AutoConcurrency(Limiters(rpm=6000), 40).size == 40  # never over the senders there are
     assert AutoConcurrency(Limiters(tpm=100_000), 256).size == FALLBACK  # no request rate yet
 
@@ -29,11 +30,11 @@ def test_a_configured_limit_sizes_for_it_at_an_assumed_second_of_latency() -> No
 def test_a_model_without_a_limit_gets_senders_beside_those_the_limited_one_needs() -> None:
     limiters = Limiters(per_model={"slow": (600, None)})
     limiters.for_model("slow")
-    assert AutoConcurrency(limiters, 256).size == math.ceil(9.8 * 1.25) + 2 == 15
+    assert AutoConcurrency(limiters, 256).size == math.ceil(9.8 * 1.25) + 2 + 2 == 17
     # No limit configured or learned: as many beside as the server is found to take, one at
     # first (aiq.capacity).
     limiters.for_model("fast")
-    assert AutoConcurrency(limiters, 256).size == 15 + 1
+    assert AutoConcurrency(limiters, 256).size == 17 + 1
 
 
 def test_replies_resize_it_to_the_latency_seen() -> None:
@@ -156,7 +157,8 @@ def test_a_high_tier_at_seconds_of_latency_gets_the_thousands_it_needs() -> None
 def test_the_room_made_grows_with_the_spread_not_only_the_mean() -> None:
     steady = _sized(6000, [3.0] * 500)
     spread = _sized(6000, _draws(500, lambda rng: rng.uniform(1.0, 5.0)))  # the same mean
-    assert steady.size == math.ceil(98 * 3.0 * 1.25) + 2  # a quarter over a fixed latency
+    # A quarter over a fixed latency (and two for the presumed bucket's next opening).
+    assert steady.size == math.ceil(98 * 3.0 * 1.25) + 2 + 2
     assert spread.size > steady.size
 
 
@@ -176,8 +178,8 @@ def test_until_the_first_reply_the_latency_is_at_least_the_time_waited() -> None
         return sizes
 
     sizes = asyncio.run(scenario())
-    assert sizes[0] == math.ceil(98 * 1.25) + 2
-    assert sizes[-1] == math.ceil(98 * 20 * 1.25) + 2  # enough to keep 98/s going meanwhile
+    assert sizes[0] == math.ceil(98 * 1.25) + 2 + 2  # (+2: the presumed bucket's opening)
+    assert sizes[-1] == math.ceil(98 * 20 * 1.25) + 2 + 2  # enough to keep 98/s going
     assert sizes == sorted(sizes)
 
 

@@ -91,8 +91,9 @@ def unlimited_info(**windows: Window) -> RateLimitInfo:
 def test_budget_never_puts_more_than_its_limit_into_any_minute(
     limit: int, arrivals: list[tuple[float, float]]
 ) -> None:
-    """Random arrival gaps and costs (a share of the limit, as a token budget sees them)."""
-    budget = Budget(limit)
+    """Random arrival gaps and costs (a share of the limit, as a token budget sees them), in
+    a budget guarding the minute (no bucket presumed: one learned, before its window shows)."""
+    budget = Budget(limit, configured=False)
     now, times, costs = 0.0, [], []
     for gap, share in arrivals:
         now += gap
@@ -110,7 +111,8 @@ def test_budget_never_puts_more_than_its_limit_into_any_minute(
 def test_request_budget_paces_evenly_a_little_under_the_limit(rpm: int, n: int) -> None:
     """A crowd arriving at once leaves one request per interval: even enough for a provider
     that enforces rpm / 60 per second (the half-open one-second window holds at most that),
-    from 3,000/min up, where the 2% headroom is a request a second or more."""
+    from 3,000/min up, where the 2% headroom is a request a second or more. (Before any
+    answer, a configured limit's presumed bucket is this pace too.)"""
     budget = Budget(rpm)
     times = []
     for _ in range(n):
@@ -162,6 +164,7 @@ def test_a_busy_limiter_uses_the_whole_quota_and_no_more() -> None:
 def test_tokens_per_minute_paces_by_estimated_cost_then_by_the_settled_one() -> None:
     clock = FakeClock()
     lim = limiter(clock, tpm=60_000, headroom=1.0)  # 1,000 tokens a second
+    lim.rate_limited(None)  # a 429: no bucket presumed any more, the even pace from now
 
     async def go() -> list[float]:
         out = []

@@ -49,13 +49,21 @@ def hint_s(server: SimFixedWindow, hint: str | None, now: float) -> float | None
 
 
 def run(
-    server, hint: str | None, n: int, wall_offset: float, *, senders: int = SENDERS
+    server,
+    hint: str | None,
+    n: int,
+    wall_offset: float,
+    *,
+    senders: int = SENDERS,
+    rpm: float | None = None,
+    storm: int = 100,
 ) -> tuple[list[float], list[float]]:
     """``senders`` at once, each reply 50 ms after its request (which the server counts on
-    arrival), each 429 handled as the worker does (its hint, else a one-second backoff).
-    Returns when each admitted request went, and when each refused one went."""
+    arrival), each 429 handled as the worker does (its hint, else a one-second backoff);
+    aiq told ``rpm``, or nothing. Returns when each admitted request went, and when each
+    refused one went (more than ``storm`` refused fails the test)."""
     clock = SharedClock(1000.0)
-    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: clock.now + wall_offset)  # type: ignore[arg-type]
+    lim = RateLimiter(rpm=rpm, clock=clock, sleep=clock.sleep, wall=lambda: clock.now + wall_offset)  # type: ignore[arg-type]
     sent: list[float] = []
     refused: list[float] = []
     streak = RefusalStreak(clock)
@@ -77,7 +85,7 @@ def run(
                 streak.succeeded()
                 continue
             refused.append(now)
-            assert len(refused) < 100, f"a 429 storm: {len(refused)} refused, {len(sent)} through"
+            assert len(refused) < storm, f"a 429 storm: {len(refused)} refused, {len(sent)} through"
             lim.refund(ticket)
             if given_s is not None:
                 given_s = max(0.0, given_s - LATENCY_S)  # (its reply is a latency old)

@@ -100,6 +100,17 @@ class Budget:
         self._rebook_check_at = -math.inf
         self.burst = False  # what the provider says is left may go at once
         self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
+        # A configured limit whose window no header has shown is taken for a minute's bucket
+        # full at the start (OpenAI's, Anthropic's, Groq's; aiolimiter's and the cookbook
+        # client's way of counting), its burst opened as answers come back: the even pace
+        # until the first (what per-second enforcement allows), then the opening doubling
+        # each round trip (``grow``: TCP's slow start). A server counting some
+        # other way refuses about one round's excess: its first 429 ends this for the run
+        # (``stop_bursting``), and so do headers showing the limit's own window (``sync``).
+        self.presumed = configured
+        self.allowance = 1.0
+        self._opened = 1.0  # the opening when slots booked ahead were last booked again
+        self.shown = not configured  # whether headers have shown this limit's own window
 
     def set_limit(self, per_minute: float) -> None:
         """A new limit (one the provider reported); the pace changes from the next booking."""
@@ -113,6 +124,8 @@ class Budget:
     @property
     def burst_size(self) -> float:
         """How much the provider's window lets go at once now (0 when paced)."""
+        if self.presumed:  # (and the next round's opening: senders ready for it)
+            return min(self.per_minute, 2 * self.allowance)
         if not self.burst:
             return 0.0
         return self._capacity if self._bucket else self._peak
@@ -129,6 +142,9 @@ class Budget:
                     return at
             else:
                 at = self._cap_until
+        if self.presumed:  # a bucket of ``allowance``, refilled at the limit's pace
+            need = min(cost, self.allowance)
+            return max(at, self._own_full_at - (self.allowance - need) / self._refill)
         # In a minute's bucket the pace lets a minute's worth through at once (GCRA's
         # tolerance); the bucket below holds it to what the provider said is left.
         bursting = self.burst and self._bucket
@@ -157,6 +173,22 @@ class Budget:
             return min(self._tat, self._fresh_at)
         return self._tat
 
+    def grow(self, cost: float) -> bool:
+        """A request booked at ``cost`` was answered, not refused: a presumed bucket's burst
+        opens by as much. True when it has doubled since it last said so: the slots booked
+        ahead at the narrower opening are to be booked again (once a round trip, not once an
+        answer: each time wakes every sender)."""
+        if not self.presumed:
+            return False
+        # Two per answer: one for the room its request took, one more, so the requests it
+        # lets out in a round trip double (one alone would only hold their number).
+        self.allowance = min(self.per_minute, self.allowance + 2 * cost)
+        doubled = self.allowance >= min(2 * self._opened, self.per_minute)
+        if not doubled or self.allowance == self._opened:
+            return False
+        self._opened = self.allowance
+        return True
+
     def book(self, at: float, cost: float) -> _Entry:
         """Book ``cost`` at ``at`` (from :meth:`ready_at`, or later)."""
         if at >= self._fresh_at:
@@ -177,13 +209,12 @@ class Budget:
             self._n_ahead += 1
             self._ahead_sum += cost
         horizon = at - WINDOW_S
-        while log[0].at <= horizon:  # no later booking can fall in a window holding these
+        # No later booking can fall in a window holding these. One booked ahead stays (a
+        # sender holds it): taken back, it must be found (``drop_ahead``).
+        while log[0].at <= horizon and log[0].at <= self._ahead_now:
             gone = log.popleft()
             self._sum -= gone.cost
-            if self._n_ahead > len(log):  # (booked a minute ahead of any asking)
-                self._n_ahead -= 1
-                self._ahead_sum -= gone.cost
-        self._horizon = horizon
+            self._horizon = gone.at  # (bookings are in time order: equal times go together)
         return entry
 
     def used(self, now: float) -> float:
@@ -269,10 +300,14 @@ class Budget:
         window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
         per_s = window_limit / WINDOW_S
         reset = reported.reset_s
-        self._refill = per_s * self._headroom
-        # A configured limit under the provider's is the user's own: held over any minute,
-        # with what the provider says is left as a ceiling, never sent at once.
+        # A configured limit under the provider's is the user's own, the provider's window
+        # (Groq's requests per day) a ceiling for it.
         own = window_limit <= self.per_minute * 1.05
+        if own or not self.presumed:  # (a presumed bucket refills at its own limit's pace)
+            self._refill = per_s * self._headroom
+        if own and not self.shown:  # the limit's own window, shown: it rules from now
+            self.shown = True
+            self.presumed = False  # (the pace keeps what the burst owes it)
         self._guard = self.burst_off or not own  # (not over a bucket: set there)
         fits = (
             own
@@ -392,7 +427,13 @@ class Budget:
     def stop_bursting(self, now: float) -> None:
         """A 429: whatever the headers say, pace from now to the end of the run (and guard
         the minute, unless the headers show a bucket, which allows more). The pace starts
-        from now: a burst moved it a minute ahead, and the bucket still holds what is left."""
+        from now: a burst moved it a minute ahead, and the bucket still holds what is left.
+        A presumed bucket was wrong: pace evenly from now, with no guard (a server that
+        shows no window is learned from its 429s: :mod:`aiq.refusal_limit`)."""
+        if self.presumed:
+            self.presumed, self._tat, self._guard = False, now, False
+            self.burst_off = True
+            return
         if self.burst and self._bucket:
             self._tat = min(self._tat, now)
         self.burst, self.burst_off, self._guard = False, True, not self._bucket

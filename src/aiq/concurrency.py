@@ -133,6 +133,7 @@ class AutoConcurrency:
         self._latency = Latency()
         self._probe = CapacityProbe(ceiling=max_senders, clock=clock)
         self.held_by: str | None = None  # what holds the size back, when not the provider
+        self._burst = 0.0  # the burst the size was last set for
         self.size = self._wanted(_BUNCHED * _ASSUMED_LATENCY_S)  # may send now
         self._gate = _Gate()  # senders over the size wait here
         self._active = 0  # senders past the gate
@@ -184,7 +185,9 @@ class AutoConcurrency:
         if self._unpaced():  # the server's capacity is all there is to go by
             probed = self._probe.observe(latency_s, in_flight)
         now = self._clock()
-        if not probed and self.size > 1 and now - self._sized_at < _EVERY_S:
+        # (A presumed bucket's burst opens each round trip: the senders follow at once.)
+        opening = self._limiters.bursting and self._limiters.burst_size() > self._burst
+        if not probed and self.size > 1 and now - self._sized_at < _EVERY_S and not opening:
             return False
         return self._resize(now, self._latency.high_s)
 
@@ -229,13 +232,15 @@ class AutoConcurrency:
         says is left), that many more: its content goes at once, and the limiter stops the
         burst at ``remaining``."""
         rate = self._limiters.requests_per_s()
-        if self._limiters.bursting:
-            self.held_by = None
-            burst = math.ceil(self._limiters.burst_size())
-            paced = size_for(rate, latency_s) if rate else self._max
-            return max(1, min(self._max, paced + burst))
         # What the server was found to take; one more if it would take more than the bound.
         found = self._probe.limit + self._probe.capped
+        if self._limiters.bursting:
+            burst = math.ceil(self._limiters.burst_size())
+            self._burst = burst
+            paced = size_for(rate, latency_s) if rate else self._max
+            self.held_by = self._cap if rate and paced > self._max else None
+            beside = found if self._limiters.unpaced else 0  # a model without a limit
+            return max(1, min(self._max, paced + burst + beside))
         if rate is None:
             size = FALLBACK if self._limiters.any_limit else found
         else:  # and beside, what a model without a limit takes

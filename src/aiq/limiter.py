@@ -117,17 +117,20 @@ class RateLimiter:
         """Whether the provider's headers say some of its window may go at once."""
         if self._refusal.limit is not None and self._refusal.paced is None:
             return True  # a fixed window's count at its start
-        return any(b is not None and b.burst for b in (self._requests, self._tokens))
+        return any(
+            b is not None and (b.burst or b.presumed) for b in (self._requests, self._tokens)
+        )
 
     def burst_size(self) -> float:
         """How many requests the provider's window lets go at once now (0: paced)."""
-        if self._requests is not None and self._requests.burst:
-            return self._requests.burst_size
+        requests = self._requests
+        if requests is not None and (requests.burst or requests.presumed):
+            return requests.burst_size
         refusal = self._refusal
         if refusal.limit is not None and refusal.paced is None:
             return refusal.limit
         tokens = self._tokens
-        if tokens is not None and tokens.burst and self._avg_cost.samples:
+        if tokens is not None and (tokens.burst or tokens.presumed) and self._avg_cost.samples:
             return tokens.burst_size / max(1.0, self._avg_cost.ratio)
         return 0.0
 
@@ -270,7 +273,7 @@ class RateLimiter:
     def _ready_at(self, at: float, cost: float, split: SplitCost = NO_SPLIT) -> float:
         """The first time from ``at`` that one request of ``cost`` tokens (``split``: input
         and output tokens apart) fits every budget."""
-        requests, tokens = self._requests, self._tokens
+        requests, tokens = self._paced_requests(), self._tokens
         if self._refusal.limit is not None:
             at = self._refusal.ready_at(at)
         if requests is not None:
@@ -297,14 +300,27 @@ class RateLimiter:
             return at
         if self._refusal.limit is not None:
             ticket.window = self._refusal.book(at)
-        if self._requests is not None:
-            ticket.request = self._requests.book(at, 1)
+        if (requests := self._paced_requests()) is not None:
+            ticket.request = requests.book(at, 1)
         if self._tokens is not None and cost:
             ticket.tokens = self._tokens.book(at, cost)
         if self._split is not None:
             ticket.split = self._split.book(at, split)
         ticket.cost = cost
         return at
+
+    def _paced_requests(self) -> Budget | None:
+        """The request budget, unless a limit learned from 429s rules instead: a configured
+        one whose window no header shows (the 429s showed it)."""
+        requests = self._requests
+        if requests is not None and not requests.shown and self._refusal.limit is not None:
+            return None
+        return requests
+
+    def _headers_rule(self) -> bool:
+        """Whether the provider's headers show the request limit's window (then its 429s
+        teach nothing more than they say)."""
+        return self._requests is not None and self._requests.shown
 
     def refund(self, ticket: Ticket) -> None:
         """The request was not sent, or the provider did not count it (its 429): it leaves
@@ -357,7 +373,14 @@ class RateLimiter:
     def answered(self, ticket: Ticket, *, through: bool = True) -> None:
         """The request got an answer other than a 429 (``through``: from the server, which
         counted it), or none at all."""
-        if self._requests is not None:
+        if through:  # a presumed bucket opens by what got through
+            opened = False
+            for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
+                if budget is not None and budget.presumed and entry is not None:
+                    opened = budget.grow(entry.cost) or opened
+            if opened:
+                self._rebook_all(self._clock())
+        if self._headers_rule():
             return  # a limit the provider reports: its 429s teach nothing more
         if through:
             # What got through is what a 429 would teach.
@@ -434,14 +457,16 @@ class RateLimiter:
         now = self._clock()
         for budget in self._budgets():
             budget.stop_bursting(now)
-        if self._requests is not None:
+        if self._headers_rule():
             return retry_after_s
         minute_s = WINDOW_S - self._wall() % WINDOW_S + CALENDAR_MARGIN_S
         exact = retry_after_s is not None and not upper_bound
         ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
         refusal = self._refusal
         sent_at = ticket.sent_at if ticket is not None else None
-        refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at)
+        # (A configured request limit whose window no header shows: met, or not its window.)
+        configured = self._requests.per_minute if self._requests is not None else None
+        refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at, configured=configured)
         if refusal.limit is not None:
             self._rebook()  # senders let go, or held for a probe, book again
         # A turn guessed at: wait for the next probe, no longer (the probes are the backoff).
@@ -518,11 +543,16 @@ class Limiters:
 
     @property
     def bursting(self) -> bool:
-        """Whether some model's limiter may send some of its provider's window at once."""
+        """Whether some model's limiter may send some of its provider's window at once
+        (before any, a configured request limit: taken for a bucket full at the start)."""
+        if not self._by_model:
+            return any(r for r, _ in (self._default, *self._per_model.values()))
         return any(lim.bursting for lim in self._by_model.values())
 
     def burst_size(self) -> float:
         """How many requests all models' windows let go at once now."""
+        if not self._by_model:  # a presumed bucket's first opening, and the next
+            return 2.0 if self.bursting else 0.0
         return sum(lim.burst_size() for lim in set(self._by_model.values()))
 
     @property

@@ -38,6 +38,8 @@ RAISE_EVERY_S = 10.0
 # next request sent gets through: it must not become one (five in a row of a random 5%: one
 # in three million requests).
 IN_A_ROW = 5
+# Told the limit, this share of it through in a window before a 429 is the limit met.
+_MET = 0.9
 # How late a window's turn may be taken (a guess's margin, a retry-after in whole seconds).
 LATE_S = 1.0
 # A window guessed at is tried this long after the 429 before its guessed turn: a server
@@ -116,15 +118,29 @@ class RefusalLimit:
         return False
 
     def refused(
-        self, now: float, window_end: float, *, exact: bool, sent_at: float | None = None
+        self,
+        now: float,
+        window_end: float,
+        *,
+        exact: bool,
+        sent_at: float | None = None,
+        configured: float | None = None,
     ) -> None:
         """A 429 at ``now`` to a request sent at ``sent_at`` (None: now), from a window that
-        turns at ``window_end``: as the server said (``exact``), or as guessed."""
+        turns at ``window_end``: as the server said (``exact``), or as guessed.
+
+        Told the limit (``configured``, per minute), a 429 teaches its window only when about
+        that many got through in it: then the window is the minute the user meant. Fewer
+        is another window (per-second enforcement): the configured pace is kept."""
         if not self._in_a_row:
             self._row_from = now if sent_at is None else sent_at
         self._in_a_row += 1
-        if self.limit is None and self._in_a_row < IN_A_ROW:
-            return  # not yet a limit's
+        if self.limit is None:
+            if configured is not None:
+                if self._count(window_end - SPAN_S - LATE_S) < _MET * configured:
+                    return  # not the configured limit's window
+            elif self._in_a_row < IN_A_ROW:
+                return  # not yet a limit's
         if self.paced is not None:
             self._lower(now)
             return
