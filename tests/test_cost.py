@@ -1,7 +1,7 @@
 """Cost accounting and --max-cost, end to end against the fake server.
 
-Every expected figure is computed here by hand from how the fake server counts usage
-(about four characters a token, at least one: ``fakeserver._tokens``), never read back from aiq.
+Every expected figure is computed here by hand from how the fake server counts usage (about
+four characters a token, at least one: ``fakeserver.replies._tokens``), never read back from aiq.
 """
 
 from __future__ import annotations

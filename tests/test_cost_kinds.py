@@ -2,7 +2,7 @@
 counts, end to end: a real fake server, real ``aiq`` subprocesses.
 
 Every expected figure is computed here by hand from how the fake server counts usage (about
-four characters a token, at least one: ``fakeserver._tokens``), never read back from aiq.
+four characters a token, at least one: ``fakeserver.replies._tokens``), never read back from aiq.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fake_limits import (
+from fakeserver import FakeServer
+from fakeserver.modes import (
     AnthropicBuckets,
     AzureWindows,
     Cost,
@@ -30,7 +31,6 @@ from fake_limits import (
     build,
     groq_duration,
 )
-from fakeserver import FakeServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -462,7 +462,7 @@ def test_build_by_name(name: str, kind: type[Mode]) -> None:
 
 
 def test_the_server_process_takes_a_limit_mode() -> None:
-    script = Path(__file__).with_name("fakeserver.py")
+    script = Path(__file__).with_name("fakeserver")
     cmd = [sys.executable, str(script), "--limit-mode", "per-second", "--rpm", "120"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:

@@ -1,6 +1,6 @@
 """The test doubles and the HTTP stack, checked against the real thing.
 
-- ``FakeServer`` (tests/fakeserver.py) and ``SimulatedTransport`` answer in shapes the official
+- ``FakeServer`` (tests/fakeserver) and ``SimulatedTransport`` answer in shapes the official
   ``openai`` package's types accept, so neither can drift from the real API.
 - ``aiq.transport`` delivers replies, and fails with the same httpx exception classes httpx's own
   transport raises, so providers classify errors the same whichever transport is underneath.
@@ -204,7 +204,7 @@ def test_latency_delays_each_reply() -> None:
 
 
 def test_fake_server_runs_as_a_process() -> None:
-    script = Path(__file__).with_name("fakeserver.py")
+    script = Path(__file__).with_name("fakeserver")
     proc = subprocess.Popen(
         [sys.executable, str(script), "--port", "0", "--latency", "0"],
         stdout=subprocess.PIPE,

@@ -380,7 +380,7 @@ def test_outage_can_reset_connections_instead() -> None:
 
 
 def test_process_enforces_limits_and_faults_from_its_flags() -> None:
-    script = Path(__file__).with_name("fakeserver.py")
+    script = Path(__file__).with_name("fakeserver")
     flags = ["--rpm", "60", "--limit-window", "1", "--error-503-rate", "1"]
     proc = subprocess.Popen(
         [sys.executable, str(script), "--port", "0", *flags],

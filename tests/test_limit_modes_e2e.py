@@ -1,4 +1,4 @@
-"""aiq against every way the fake server counts (tests/fake_limits.py, issue 12's modes a-g), told
+"""aiq against every way the fake server counts (tests/fakeserver/modes, issue 12's modes a-g), told
 the limit (``configured``) and not (``learned``), end to end: a real ``aiq run`` subprocess
 against a real server, judged from the server's own log.
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import fake_limits as fl
 import pytest
 from conftest import API_KEY, aiq_cmd, aiq_env, write_prompts
 from fakeserver import FakeServer
+from fakeserver import modes as fl
 
 LATENCY_S = 0.05
 # The bench's target is 0.95 (bench/limit_modes.py, where these rows reach 0.98-0.997); here

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fake_limits as fl
 from conftest import run_aiq, write_prompts
 from fakeserver import FakeServer
+from fakeserver import modes as fl
 
 from aiq.refusals import RefusalStreak
 

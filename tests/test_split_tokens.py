@@ -1,6 +1,6 @@
 """Anthropic's input and output token limits, each its own budget, on a fake clock.
 
-The provider is the tests' own fake (``fake_limits.AnthropicBuckets``), driven at the fake
+The provider is the tests' own fake (``fakeserver.modes.AnthropicBuckets``), driven at the fake
 clock's times: the limiter's promises are checked against how Anthropic counts (cache reads
 free, output counted as generated, ``max_tokens`` reserved on arrival), not against itself.
 """
@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from fake_limits import AnthropicBuckets, Cost
 from fakeserver import FakeServer
+from fakeserver.modes import AnthropicBuckets, Cost
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_anthropic import Recorder, message, send

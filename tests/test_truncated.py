@@ -1,7 +1,7 @@
 """Replies cut off by max_tokens or stopped by a content filter (issue 13, item 4).
 
 Real `aiq` subprocesses against the fake server, whose markers make a 200 that stopped short in
-each API's own shape (tests/fakeserver.py, ``stopped_short``). Before this, each was a plain
+each API's own shape (tests/fakeserver, ``stopped_short``). Before this, each was a plain
 success: nothing in the summary or `status` told a cut-off or empty answer from a whole one.
 """
 
