@@ -11,18 +11,11 @@ import random
 from dataclasses import dataclass
 
 import pytest
+from fakes import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiq.breaker import Breakers, CircuitBreaker
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def breaker(clock: FakeClock, **kw: float) -> CircuitBreaker:

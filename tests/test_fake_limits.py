@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fakes import FakeClock
 from fakeserver import FakeServer
 from fakeserver.modes import (
     AnthropicBuckets,
@@ -379,23 +380,13 @@ def test_another_client_drains_a_bucket_it_shares() -> None:
 # -- through the server ---------------------------------------------------------------------------
 
 
-class _Clock:
-    """A clock a test moves by hand while the server runs."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _chat(client: httpx.Client, prompt: str = "hi") -> httpx.Response:
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}
     return client.post("/chat/completions", json=body)
 
 
 def test_the_server_answers_in_the_modes_words_and_logs_its_refusals() -> None:
-    clock = _Clock(T0 + 10)
+    clock = FakeClock(T0 + 10)
     with FakeServer(limit_mode=LiteLLMRouter(rpm=3), limit_clock=clock) as server:
         with httpx.Client(base_url=server.base_url) as client:
             statuses = [_chat(client, f"q{i}").status_code for i in range(3)]
@@ -415,7 +406,7 @@ def test_the_server_answers_in_the_modes_words_and_logs_its_refusals() -> None:
 
 
 def test_the_server_settles_anthropic_usage_with_the_mode() -> None:
-    clock = _Clock(T0)
+    clock = FakeClock(T0)
     mode = AnthropicBuckets(rpm=10, itpm=100_000, otpm=1000)
     system = [{"type": "text", "text": "x" * 8000, "cache_control": {"type": "ephemeral"}}]
     body = {"model": "claude", "max_tokens": 400, "system": system}

@@ -8,55 +8,16 @@ caller, and the provider's headers followed.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import math
 
 import pytest
+from fakes import FakeClock, SharedClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiq.limiter import HEADROOM, WINDOW_S, Budget, Limiters, RateLimiter, RequestTooLarge
 from aiq.ratelimit_headers import RateLimitInfo, Window
-
-
-class FakeClock:
-    """A clock that only moves when a caller sleeps."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.now += seconds
-
-
-class SharedClock(FakeClock):
-    """A fake clock for several tasks sleeping at once: each sleeper wakes when the clock
-    reaches its time, and ``run`` moves the clock to the next wake-up while any task waits."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        super().__init__(now)
-        self._wakes: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
-
-    async def sleep(self, seconds: float) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._wakes, (self.now + seconds, next(self._seq), future))
-        await future
-
-    async def run(self, tasks: list[asyncio.Future[None]]) -> None:
-        while not all(t.done() for t in tasks):
-            for _ in range(3):
-                await asyncio.sleep(0)
-            if self._wakes:
-                at, _, future = heapq.heappop(self._wakes)
-                self.now = max(self.now, at)
-                future.set_result(None)
-        await asyncio.gather(*tasks)
 
 
 def limiter(clock: FakeClock, **kw: float) -> RateLimiter:

@@ -14,9 +14,10 @@ import asyncio
 import math
 
 import pytest
+from fakes import FakeClock, SharedClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_limiter import FakeClock, SharedClock, SimBucket, SimFixedWindow
+from test_limiter import SimBucket, SimFixedWindow
 
 from aiq import backoff
 from aiq.limiter import RateLimiter

@@ -8,22 +8,15 @@ import json
 from pathlib import Path
 
 from conftest import run_aiq, write_prompts
+from fakes import FakeClock
 from fakeserver import FakeServer
 from fakeserver import modes as fl
 
 from aiq.refusals import RefusalStreak
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_refusals_of_calls_in_flight_together_are_one_round() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     streak = RefusalStreak(clock)
     assert [streak.refused() for _ in range(3)] == [1, 2, 3]  # no pause yet: each a round
     streak.pausing(2.0)

@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
+from fakes import FakeClock, Recorder, SharedClock
 from fakeserver import FakeServer
 from fakeserver.modes import AnthropicBuckets, Cost
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_anthropic import Recorder, message, send
-from test_limiter import FakeClock, SharedClock
+from test_anthropic import message, send
 
 from aiq.limiter import HEADROOM, RateLimiter
 from aiq.ratelimit_headers import RateLimitInfo, Window, parse_rate_limit_headers
