@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -43,7 +43,7 @@ class SharedClock(FakeClock):
         heapq.heappush(self._wakes, (self.now + seconds, next(self._seq), future))
         await future
 
-    async def run(self, tasks: list[asyncio.Future[None]]) -> None:
+    async def run(self, tasks: Sequence[asyncio.Future[None]]) -> None:
         while not all(t.done() for t in tasks):
             for _ in range(3):
                 await asyncio.sleep(0)

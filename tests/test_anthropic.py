@@ -130,7 +130,7 @@ def test_chat_job_becomes_a_messages_request() -> None:
     ],
 )
 def test_max_tokens_from_the_job_else_the_default(
-    fields: dict[str, int], kwargs: dict[str, int], expected: int
+    fields: dict[str, int], kwargs: dict[str, Any], expected: int
 ) -> None:
     recorder = Recorder(anthropic_ok())
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
@@ -368,6 +368,7 @@ def _run(
     return run_aiq(*args, "--model", "claude-x", "--json", *extra, cwd=tmp_path, env=env or _env())
 
 
+@pytest.mark.slow
 def test_run_on_anthropic_writes_batch_api_results(tmp_path: Path, server: FakeServer) -> None:
     lines: list[dict[str, Any]] = [
         {"custom_id": f"p{i}", "prompt": f"question {i}?", "system": "Be brief."} for i in range(20)
@@ -422,6 +423,7 @@ def test_run_on_anthropic_writes_batch_api_results(tmp_path: Path, server: FakeS
     assert API_KEY not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_message_batches_file_runs_as_is(tmp_path: Path, server: FakeServer) -> None:
     params = [
         {
@@ -457,6 +459,7 @@ def test_message_batches_file_runs_as_is(tmp_path: Path, server: FakeServer) -> 
     assert len(server.requests) == sent
 
 
+@pytest.mark.slow
 def test_bad_key_exits_4_and_keeps_every_job(tmp_path: Path, server: FakeServer) -> None:
     lines = [{"custom_id": f"k{i}", "prompt": f"k {i}"} for i in range(40)]
     (tmp_path / "k.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -472,6 +475,7 @@ def test_bad_key_exits_4_and_keeps_every_job(tmp_path: Path, server: FakeServer)
     assert status["counts"]["queued"] == 40 and status["counts"]["dead"] == 0
 
 
+@pytest.mark.slow
 def test_overloaded_529_is_retried_to_success(tmp_path: Path) -> None:
     (tmp_path / "aiq.yaml").write_text("backoff_base_s: 0.01\nbackoff_cap_s: 0.05\n")
     lines = [{"custom_id": f"o{i}", "prompt": f"o {i}"} for i in range(30)]
@@ -515,6 +519,7 @@ def test_rate_limit_headers_over_real_http() -> None:
     assert err.limits is not None and err.limits.requests.remaining == 0
 
 
+@pytest.mark.slow
 def test_prompt_cache_tokens_are_counted_and_priced_as_anthropic_bills_them(
     tmp_path: Path, server: FakeServer
 ) -> None:

@@ -15,9 +15,12 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import API_KEY, aiq_cmd, aiq_env
 from fakeserver import FakeServer
 from fakeserver import modes as fl
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 MODEL = "claude-sonnet-4-5"
 SYSTEM = "You answer questions about the fake server's documentation. " * 140  # ~2,100 tokens

@@ -91,6 +91,7 @@ def test_openai_requests_429_waits_for_one_request() -> None:
     assert "Please try again in 120ms." in no.payload["error"]["message"]
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     gaps=st.lists(st.floats(0, 0.2), min_size=1, max_size=300),
@@ -341,6 +342,7 @@ async def _post_many(base_url: str, n: int) -> list[float]:
         return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
+@pytest.mark.slow
 def test_a_one_slot_server_queues_the_rest() -> None:
     with FakeServer(limit_mode=Headerless(slots=1), latency_s=0.1) as server:
         took = asyncio.run(_post_many(server.base_url, 4))
@@ -452,6 +454,7 @@ def test_build_by_name(name: str, kind: type[Mode]) -> None:
     assert isinstance(build("anthropic", rpm=5, tpm=5000), AnthropicBuckets)
 
 
+@pytest.mark.slow
 def test_the_server_process_takes_a_limit_mode() -> None:
     script = Path(__file__).with_name("fakeserver")
     cmd = [sys.executable, str(script), "--limit-mode", "per-second", "--rpm", "120"]

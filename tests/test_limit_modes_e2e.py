@@ -422,6 +422,7 @@ def _until_done_or_too_slow(
             return "", sending_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "how"), _params())
 def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) -> None:
     case = CASES[name]
@@ -460,7 +461,7 @@ def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) ->
 def _ideal(mode: fl.Mode, jobs: int, start: float, step_s: float = 0.001) -> list[float]:
     """The times an ideal client's ``jobs`` are admitted, each sent the moment ``mode`` takes
     it (bench/limit_modes.py's ``least_s``, on a fake clock)."""
-    now, admitted = start, []
+    now, admitted = start, list[float]()
     while len(admitted) < jobs:
         if mode.admit(now, fl.Cost(tokens=20, input_tokens=20)) is None:
             admitted.append(now)

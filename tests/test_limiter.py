@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from typing import Any
 
 import pytest
 from fakes import FakeClock, SharedClock
@@ -20,8 +21,8 @@ from aiq.limiter import HEADROOM, WINDOW_S, Budget, Limiters, RateLimiter, Reque
 from aiq.ratelimit_headers import RateLimitInfo, Window
 
 
-def limiter(clock: FakeClock, **kw: float) -> RateLimiter:
-    return RateLimiter(clock=clock, sleep=clock.sleep, **kw)  # type: ignore[arg-type]
+def limiter(clock: FakeClock, **kw: Any) -> RateLimiter:
+    return RateLimiter(clock=clock, sleep=clock.sleep, **kw)
 
 
 def max_in_window(times: list[float], costs: list[float], span: float) -> float:
@@ -44,6 +45,7 @@ def unlimited_info(**windows: Window) -> RateLimitInfo:
     return RateLimitInfo(windows.get("requests", empty), windows.get("tokens", empty))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     limit=st.integers(1, 5_000),
@@ -66,6 +68,7 @@ def test_budget_never_puts_more_than_its_limit_into_any_minute(
     assert max_in_window(times, costs, WINDOW_S) <= limit + 1e-6
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(rpm=st.integers(3_000, 120_000), n=st.integers(2, 600))
 def test_request_budget_paces_evenly_a_little_under_the_limit(rpm: int, n: int) -> None:
@@ -317,6 +320,7 @@ def test_defer_refuses_a_request_larger_than_the_limit() -> None:
         lim.defer(900, 200, after_s=0.1)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(
     rpm=st.integers(1, 100_000),
@@ -606,7 +610,7 @@ def test_a_window_with_no_reset_is_taken_to_refill_at_the_next_calendar_minute()
     what is left goes at once, and no more until just after the clock's next minute."""
     clock = FakeClock(1000.0)
     wall = FakeClock(1_800_000_030.0)  # 30 s into a minute
-    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=wall)  # type: ignore[arg-type]
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=wall)
     lim.observe(unlimited_info(requests=Window(600, 5, None)))
     times = drain(lim, clock, 7)
     assert times[4] == times[0] == 1000.0
@@ -717,6 +721,7 @@ def _naive_ahead(budget: Budget, now: float) -> float:
     return sum(e.cost for e in budget._log if e.at > now)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     ops=st.lists(
@@ -728,7 +733,9 @@ def _naive_ahead(budget: Budget, now: float) -> float:
         max_size=80,
     )
 )
-def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(ops) -> None:
+def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(
+    ops: list[tuple[str, float, float]],
+) -> None:
     """``Budget._ahead`` is kept up as bookings come and go (no walk of them per reply): it
     always equals the sum of the log's bookings after ``now``, whatever the order of events."""
     budget = Budget(1e9)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import run_aiq, write_prompts
 from fakes import FakeClock
 from fakeserver import FakeServer
@@ -30,6 +31,7 @@ def test_refusals_of_calls_in_flight_together_are_one_round() -> None:
     assert streak.refused() == 1
 
 
+@pytest.mark.slow
 def test_a_provider_refusing_every_call_with_no_delay_ends_the_run(tmp_path: Path) -> None:
     # Every call answered 429 with no retry header at all (a model that always fails behind a
     # gateway: ../shared/PROVIDERS.md, LiteLLM row).

@@ -25,6 +25,8 @@ from fakeserver import FakeServer, chat_reply, prompt_of
 from fakeserver import anthropic as fake_anthropic
 from localserver import LocalServer
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 WRONG_KEY = "sk-wrong-9f8e7d6c5b4a-also-secret"
 # The key and the parts of it a redaction might leave behind.
 _SECRETS = [API_KEY, WRONG_KEY, API_KEY.removeprefix("sk-"), WRONG_KEY.removeprefix("sk-")]

@@ -12,6 +12,8 @@ from conftest import run_aiq, write_prompts
 from fakeserver import FakeServer
 from fakeserver import modes as fl
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 JOBS, AFTER = 40, 5
 
 

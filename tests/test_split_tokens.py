@@ -28,7 +28,7 @@ MODEL = "claude-sonnet-4-5"
 
 
 def limiter(clock: FakeClock) -> RateLimiter:
-    return RateLimiter(clock=clock, sleep=clock.sleep, wall=clock)  # type: ignore[arg-type]
+    return RateLimiter(clock=clock, sleep=clock.sleep, wall=clock)
 
 
 def headers_at(mode: AnthropicBuckets, now: float) -> RateLimitInfo:
@@ -175,6 +175,7 @@ def test_input_is_the_binding_limit_when_prompts_are_not_cached() -> None:
     assert (len(result.sent) - 6) * 1000 / (30_000 / 60 * span) >= 0.95
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(
     outputs=st.lists(st.integers(100, 600), min_size=80, max_size=80),
@@ -199,6 +200,7 @@ def test_varied_outputs_reach_the_output_limit_without_429s(
     assert output_share(result, 8000, skip=10) >= 0.85
 
 
+@pytest.mark.slow
 def test_a_large_limit_is_ramped_up_over_the_first_minute() -> None:
     """OTPM 200,000 from nothing: a quarter of the pace at first, all of it after a minute."""
     clock = FakeClock()

@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,6 +93,7 @@ def _figures(s: Stats) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -124,7 +126,9 @@ def test_stats_agree_with_a_plain_query_for_each_figure(
                     Usage(
                         sum(parts[:3]) + rng.randint(0, 50),
                         parts[3] + rng.randint(0, 50),
-                        *parts[:3],
+                        cached=parts[0],
+                        cache_write=parts[1],
+                        cache_write_1h=parts[2],
                         reasoning=parts[3],
                     ),
                 ]

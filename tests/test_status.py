@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
@@ -28,6 +29,7 @@ def _status(cwd: Path) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_status_of_a_live_run_then_of_one_killed(tmp_path: Path) -> None:
     write_prompts(tmp_path / "p.jsonl", [(f"q{i}", f"question {i}") for i in range(60)])
     with FakeServer(latency_s=0.5) as server:

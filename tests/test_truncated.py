@@ -11,11 +11,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import read_jsonl, run_aiq
 from fakeserver import FakeServer
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 MAX_TOKENS = 40
 
