@@ -290,7 +290,7 @@ _UNBOUNDED_OUTPUT = 64  # tokens a cut-off reply generated when the request name
 
 def stopped_short(path: str, body: Any, payload: dict, stop: Stop) -> None:
     """Make ``payload`` (a 200 reply to ``body`` at ``path``) one that stopped short, as the
-    API at ``path`` says so (see the module docstring). A cut-off reply generated exactly the
+    API at ``path`` says so (see the package docstring). A cut-off reply generated exactly the
     request's ``max_tokens`` (``max_completion_tokens``, ``max_output_tokens``)."""
     limit = None
     for name in ("max_completion_tokens", "max_output_tokens", "max_tokens"):

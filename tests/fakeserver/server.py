@@ -44,7 +44,7 @@ class FakeServer:
     """An OpenAI-compatible server in a background thread with its own event loop.
 
     Use it as a context manager; ``base_url`` ends in ``/v1`` like ``OPENAI_BASE_URL``. The knobs
-    are described in the module docstring.
+    are described in the package docstring (``fakeserver/__init__.py``).
     """
 
     def __init__(
