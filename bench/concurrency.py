@@ -1,7 +1,7 @@
 """Benchmark: does ``--concurrency auto`` reach a high tier's quota at seconds of latency, and
 keep a one-slot server at about one in flight?
 
-Each scenario starts ``tests/fakeserver.py``'s ``FakeServer`` in a thread of this process and
+Each scenario starts ``tests/fakeserver``'s ``FakeServer`` in a thread of this process and
 runs ``aiq run FILE --json`` against it as a subprocess (``PYTHONPATH`` = this checkout's
 ``src/``). Reported: efficiency (the least time the limit allows for the requests, plus one mean
 latency, over the subprocess's wall time; and of the sending phase alone, first request to

@@ -1,7 +1,7 @@
 """Benchmark: is aiq's own process the bottleneck at 500 requests/s (issue 12, item 6)?
 
 30,000 requests a minute with ~1,500 in flight (3 s latency), 2 KB prompts and 2 KB replies.
-The fake server (``tests/fakeserver.py``) runs in a process of its own, so its CPU is not
+The fake server (``tests/fakeserver``) runs in a process of its own, so its CPU is not
 counted: a ``PerSecond`` limit mode at 30,000 rpm (a bucket of 500 refilled at 500/s, OpenAI's
 ``x-ratelimit-*`` headers saying 30000), every reply's content padded to ``--reply-bytes``.
 ``aiq run FILE`` runs as a subprocess on this checkout's ``src/``, told ``--rpm 30000`` or
@@ -37,8 +37,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import fake_limits  # noqa: E402
-from fakeserver import FakeServer, _Exchange  # noqa: E402
+from fakeserver import (  # noqa: E402
+    FakeServer,
+    _Exchange,
+    modes,
+)
 
 API_KEY = "sk-test"
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
@@ -73,7 +76,7 @@ class PaddedServer(FakeServer):
 def serve(args: argparse.Namespace) -> None:
     """The server process: print ``READY <port>``, serve until stdin closes, print stats."""
     rpm = None if args.server_mode == "headerless" else args.rpm  # headerless: no limit at all
-    mode = fake_limits.build(args.server_mode, rpm=rpm)
+    mode = modes.build(args.server_mode, rpm=rpm)
     with PaddedServer(
         reply_bytes=args.reply_bytes, latency_s=args.latency, limit_mode=mode, record=False
     ) as server:
@@ -238,7 +241,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=3.0, help="seconds per request")
     parser.add_argument("--prompt-bytes", type=int, default=2048)
     parser.add_argument("--reply-bytes", type=int, default=2048)
-    parser.add_argument("--server-mode", default="per-second", choices=sorted(fake_limits.MODES))
+    parser.add_argument("--server-mode", default="per-second", choices=sorted(modes.MODES))
     parser.add_argument("--learned", action="store_true", help="tell aiq no limit")
     parser.add_argument("--profile", help="FILE.prof: cProfile; any other name: py-spy raw")
     parser.add_argument("--repeat", type=int, default=1)

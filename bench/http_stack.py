@@ -1,6 +1,6 @@
 """Benchmark: which HTTP stack should sit under aiq's providers?
 
-Starts ``tests/fakeserver.py`` (latency 0) as a subprocess, then measures requests/s for:
+Starts ``tests/fakeserver`` (latency 0) as a subprocess, then measures requests/s for:
 
   (a) a bare aiohttp ClientSession loop: the ceiling for anything built on aiohttp
   (b) httpx + the ``httpx-aiohttp`` transport
@@ -176,7 +176,7 @@ def cpu_seconds(pid: int) -> float:
 
 def start_server(cpu: int | None) -> tuple[subprocess.Popen[str], int]:
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "fakeserver.py"), "--port", "0", "--latency", "0"],
+        [sys.executable, str(ROOT / "tests" / "fakeserver"), "--port", "0", "--latency", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

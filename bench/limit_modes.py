@@ -1,7 +1,7 @@
 """Benchmark: how close does ``aiq run`` come to the least time each way of counting allows?
 
-For each row it starts ``tests/fakeserver.py``'s ``FakeServer`` in a thread of this process with
-a rate-limit mode of ``tests/fake_limits.py`` (OpenAI's bucket, per-second enforcement, LiteLLM's
+For each row it starts ``tests/fakeserver``'s ``FakeServer`` in a thread of this process with
+a rate-limit mode of ``tests/fakeserver/modes`` (OpenAI's bucket, per-second enforcement, LiteLLM's
 and Azure's calendar windows, Groq's per-day header, Anthropic's buckets, a server with no
 headers, another client on the key), runs ``aiq run`` against it as a subprocess, told the limit
 (``configured``) or not (``learned``), and reads the server's log afterwards.
@@ -37,10 +37,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # fakeserver.py imports its siblings
+sys.path.insert(0, str(ROOT / "tests"))  # the fakeserver package
 
-import fake_limits as fl  # noqa: E402
 from fakeserver import FakeServer  # noqa: E402
+from fakeserver import modes as fl  # noqa: E402
 
 API_KEY = "sk-test"
 STEP_S = 0.005  # the ideal client's clock step while it waits for the mode to admit

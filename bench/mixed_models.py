@@ -1,7 +1,7 @@
 """Benchmark: one model's slow rate limit must not hold up another model's jobs.
 
 A batch mixes two models, interleaved line by line: ``slow``, which aiq is told is limited
-(``model_limits: slow: {rpm: …}``), and ``fast``, which is not. ``tests/fakeserver.py``'s
+(``model_limits: slow: {rpm: …}``), and ``fast``, which is not. ``tests/fakeserver``'s
 ``FakeServer`` answers every request after a fixed latency (0.5 s: a real API's order) and
 enforces nothing itself; aiq's own pacing is what is measured. ``aiq run`` runs as a
 subprocess with ``PYTHONPATH`` set to this checkout's ``src/`` (run from a ``git worktree``

@@ -1,6 +1,6 @@
 """Benchmark: aiq's whole pipeline against bare loops of the HTTP stacks under it.
 
-Starts ``tests/fakeserver.py`` (latency 0) as a subprocess and, in the same run, measures:
+Starts ``tests/fakeserver`` (latency 0) as a subprocess and, in the same run, measures:
 
   (a) a bare aiohttp ClientSession loop: C coroutines over C connections, the ceiling
   (b) a bare loop over aiq's own HTTP stack, as ``OpenAIProvider`` uses it: an
@@ -189,7 +189,7 @@ def cli_run(base_url: str, prompts: Path, concurrency: int, workdir: Path, n: in
 
 def start_server(cpu: int | None) -> tuple[subprocess.Popen[str], int]:
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "fakeserver.py"), "--port", "0", "--latency", "0"],
+        [sys.executable, str(ROOT / "tests" / "fakeserver"), "--port", "0", "--latency", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

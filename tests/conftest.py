@@ -76,3 +76,22 @@ def write_prompts(path: Path, prompts: list[tuple[str, str]], *, mode: str = "w"
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# The quick loop (`pytest -m "not slow"`) stays quick only while slow tests carry the marker:
+# name the unmarked ones that took long, so a new test gets marked when it is written.
+_UNMARKED_SLOW_S = 2.0
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    slow = report.when == "call" and report.duration > _UNMARKED_SLOW_S
+    if slow and "slow" not in report.keywords:
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _unmarked_slow:
+        terminalreporter.section(f"over {_UNMARKED_SLOW_S:g} s, not marked slow")
+        for nodeid, seconds in sorted(_unmarked_slow, key=lambda x: -x[1]):
+            terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")

@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 from conftest import API_KEY, aiq_env, read_jsonl, run_aiq
+from fakes import Recorder
 from fakeserver import FakeServer
 
 from aiq.config import Config
@@ -39,21 +40,9 @@ def message(text: str = "hi", *, tokens: tuple[int, int] = (11, 5)) -> dict[str,
     }
 
 
-class Recorder:
-    """A MockTransport handler that answers ``reply`` and keeps every request it got."""
-
-    def __init__(self, reply: httpx.Response | None = None) -> None:
-        self.reply = reply or httpx.Response(200, json=message(), headers={"request-id": "req_1"})
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        return self.reply
-
-    @property
-    def body(self) -> dict[str, Any]:
-        assert len(self.requests) == 1
-        return orjson.loads(self.requests[0].content)
+def anthropic_ok() -> httpx.Response:
+    """Anthropic's 200: a Message, with its request id."""
+    return httpx.Response(200, json=message(), headers={"request-id": "req_1"})
 
 
 def send(
@@ -73,7 +62,7 @@ def send(
 
 def refused(endpoint: str, body: dict[str, Any]) -> ProviderError:
     """The error for a job that must never reach the server."""
-    recorder = Recorder()
+    recorder = Recorder(anthropic_ok())
     with pytest.raises(ProviderError) as info:
         send(endpoint, body, recorder)
     assert recorder.requests == []
@@ -84,7 +73,7 @@ def refused(endpoint: str, body: dict[str, Any]) -> ProviderError:
 
 
 def test_chat_job_becomes_a_messages_request() -> None:
-    recorder = Recorder()
+    recorder = Recorder(anthropic_ok())
     body = {
         "model": "claude-test",
         "messages": [
@@ -141,9 +130,9 @@ def test_chat_job_becomes_a_messages_request() -> None:
     ],
 )
 def test_max_tokens_from_the_job_else_the_default(
-    fields: dict[str, int], kwargs: dict[str, int], expected: int
+    fields: dict[str, int], kwargs: dict[str, Any], expected: int
 ) -> None:
-    recorder = Recorder()
+    recorder = Recorder(anthropic_ok())
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
     send(CHAT, body, recorder, **kwargs)
     assert recorder.body["max_tokens"] == expected
@@ -151,7 +140,7 @@ def test_max_tokens_from_the_job_else_the_default(
 
 
 def test_prompt_job_and_base_url_ending_in_v1() -> None:
-    recorder = Recorder()
+    recorder = Recorder(anthropic_ok())
     send("/v1/completions", {"model": "m", "prompt": ["Say hi"]}, recorder, base_url="http://h/v1/")
     assert str(recorder.requests[0].url) == "http://h/v1/messages"
     assert recorder.body == {
@@ -162,7 +151,7 @@ def test_prompt_job_and_base_url_ending_in_v1() -> None:
 
 
 def test_image_parts_become_image_blocks() -> None:
-    recorder = Recorder()
+    recorder = Recorder(anthropic_ok())
     parts = [
         {"type": "text", "text": "What is this?"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
@@ -180,11 +169,11 @@ def test_image_parts_become_image_blocks() -> None:
 
 
 def test_messages_job_is_sent_byte_for_byte() -> None:
-    recorder = Recorder()
+    recorder = Recorder(anthropic_ok())
     raw = b'{"max_tokens":9,"messages":[{"content":"x","role":"user"}],"model":"m","system":"s"}'
     send("/v1/messages", raw, recorder)
     assert recorder.requests[0].content == raw
-    recorder = Recorder()
+    recorder = Recorder(anthropic_ok())
     send("/v1/messages", {"model": "m", "messages": [{"role": "user", "content": "x"}]}, recorder)
     assert recorder.body["max_tokens"] == DEFAULT_MAX_TOKENS  # Anthropic requires one
 
@@ -223,7 +212,7 @@ def test_jobs_without_a_faithful_translation_are_refused_unsent(
 
 
 def test_openai_provider_refuses_a_messages_job_unsent() -> None:
-    recorder = Recorder()
+    recorder = Recorder(anthropic_ok())
     provider = OpenAIProvider(httpx.MockTransport(recorder), base_url="http://h/v1", api_key=None)
     with pytest.raises(ProviderError) as info:
         asyncio.run(provider.send("/v1/messages", b'{"model":"m"}'))
@@ -379,6 +368,7 @@ def _run(
     return run_aiq(*args, "--model", "claude-x", "--json", *extra, cwd=tmp_path, env=env or _env())
 
 
+@pytest.mark.slow
 def test_run_on_anthropic_writes_batch_api_results(tmp_path: Path, server: FakeServer) -> None:
     lines: list[dict[str, Any]] = [
         {"custom_id": f"p{i}", "prompt": f"question {i}?", "system": "Be brief."} for i in range(20)
@@ -433,6 +423,7 @@ def test_run_on_anthropic_writes_batch_api_results(tmp_path: Path, server: FakeS
     assert API_KEY not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_message_batches_file_runs_as_is(tmp_path: Path, server: FakeServer) -> None:
     params = [
         {
@@ -468,6 +459,7 @@ def test_message_batches_file_runs_as_is(tmp_path: Path, server: FakeServer) -> 
     assert len(server.requests) == sent
 
 
+@pytest.mark.slow
 def test_bad_key_exits_4_and_keeps_every_job(tmp_path: Path, server: FakeServer) -> None:
     lines = [{"custom_id": f"k{i}", "prompt": f"k {i}"} for i in range(40)]
     (tmp_path / "k.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -483,6 +475,7 @@ def test_bad_key_exits_4_and_keeps_every_job(tmp_path: Path, server: FakeServer)
     assert status["counts"]["queued"] == 40 and status["counts"]["dead"] == 0
 
 
+@pytest.mark.slow
 def test_overloaded_529_is_retried_to_success(tmp_path: Path) -> None:
     (tmp_path / "aiq.yaml").write_text("backoff_base_s: 0.01\nbackoff_cap_s: 0.05\n")
     lines = [{"custom_id": f"o{i}", "prompt": f"o {i}"} for i in range(30)]
@@ -526,6 +519,7 @@ def test_rate_limit_headers_over_real_http() -> None:
     assert err.limits is not None and err.limits.requests.remaining == 0
 
 
+@pytest.mark.slow
 def test_prompt_cache_tokens_are_counted_and_priced_as_anthropic_bills_them(
     tmp_path: Path, server: FakeServer
 ) -> None:

@@ -1,5 +1,5 @@
 """Anthropic's separate input and output token limits, end to end: a real ``aiq run`` against
-the fake server counting as Anthropic does (``fake_limits.AnthropicBuckets``: cache reads free
+the fake server counting as Anthropic does (``fakeserver.modes.AnthropicBuckets``: cache reads free
 of ITPM, OTPM counted on the tokens generated, ``max_tokens`` reserved on arrival), judged
 from the server's own log.
 
@@ -15,9 +15,12 @@ import json
 import subprocess
 from pathlib import Path
 
-import fake_limits as fl
+import pytest
 from conftest import API_KEY, aiq_cmd, aiq_env
 from fakeserver import FakeServer
+from fakeserver import modes as fl
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 MODEL = "claude-sonnet-4-5"
 SYSTEM = "You answer questions about the fake server's documentation. " * 140  # ~2,100 tokens

@@ -7,8 +7,11 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from conftest import API_KEY, run_aiq, write_prompts
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 LATENCY_S = 0.1
 

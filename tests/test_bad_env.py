@@ -29,6 +29,8 @@ import pytest
 from conftest import aiq_cmd, aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 # The real CLI, its store opened with room for only argv[1] more pages.
 _LIMITED = """
 import sys
@@ -355,10 +357,10 @@ def test_a_really_full_disk_mid_run(tmp_path: Path, small_disk: Path, server: Fa
     refilled = _fill(small_disk, "filler2")
     still_full = run_aiq("resume", *args, cwd=tmp_path)
     _one_error(still_full, "aiq.db: database or disk is full", "free some space")
-    out = small_disk / "results.jsonl"
-    export = run_aiq("export", "--db", db, "--out", str(out), cwd=tmp_path)
+    out_path = small_disk / "results.jsonl"
+    export = run_aiq("export", "--db", db, "--out", str(out_path), cwd=tmp_path)
     _one_error(export, "results.jsonl: cannot write it (No space left on device)")
-    assert not out.exists() and not list(small_disk.glob("results.jsonl.tmp-*"))
+    assert not out_path.exists() and not list(small_disk.glob("results.jsonl.tmp-*"))
     filler.unlink()
     refilled.unlink()
     resumed = run_aiq("resume", *args, cwd=tmp_path)

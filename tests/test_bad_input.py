@@ -15,6 +15,8 @@ import pytest
 from conftest import aiq_env, read_jsonl, run_aiq
 from fakeserver import FakeServer
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 
 def _line(custom_id: str, prompt: str = "") -> bytes:
     return json.dumps({"custom_id": custom_id, "prompt": prompt or f"say {custom_id}"}).encode()

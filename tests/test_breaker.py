@@ -11,18 +11,11 @@ import random
 from dataclasses import dataclass
 
 import pytest
+from fakes import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiq.breaker import Breakers, CircuitBreaker
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def breaker(clock: FakeClock, **kw: float) -> CircuitBreaker:
@@ -306,6 +299,7 @@ breaker_settings = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(steps=actions(), **breaker_settings)
 def test_opens_exactly_when_the_window_holds_the_threshold_and_probes_one_at_a_time(
@@ -320,6 +314,7 @@ def test_opens_exactly_when_the_window_holds_the_threshold_and_probes_one_at_a_t
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(steps=actions(), **breaker_settings)
 def test_one_probe_at_a_time_even_when_earlier_calls_fail_meanwhile(
@@ -472,6 +467,7 @@ def test_an_endpoint_never_reached_is_given_up_on_across_models() -> None:
     assert not b.never_reached()
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(
     calls=st.lists(

@@ -15,8 +15,11 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
 from conftest import read_jsonl, run_aiq
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 N = 30
 ATTEMPTS = 3

@@ -42,6 +42,7 @@ def test_the_prompt_estimate_counts_the_template_of_chat_endpoints(
     assert tokens.estimate(_body(**fields), endpoint=endpoint).prompt == prompt
 
 
+@pytest.mark.slow
 @given(st.lists(st.text(max_size=40), min_size=1, max_size=8))
 def test_the_template_adds_3_a_message_and_3_a_request_whatever_the_text(texts: list[str]) -> None:
     body = _body(messages=[_user(t) for t in texts], max_tokens=5)
@@ -62,6 +63,7 @@ def _rows(replies: list[tuple[str, int]], model: str | None = "m") -> list:
     return [(model, CHAT, _body(messages=[_user(t)]), n) for t, n in replies]
 
 
+@pytest.mark.slow
 @given(_replies)
 def test_the_learned_ratio_is_the_sums_ratio_and_lies_within_the_replies_own(
     replies: list[tuple[str, int]],
@@ -77,6 +79,7 @@ def test_the_learned_ratio_is_the_sums_ratio_and_lies_within_the_replies_own(
     assert learned.highest * learned.estimated >= learned.actual - 1e-6
 
 
+@pytest.mark.slow
 @given(_replies, _replies)
 def test_learning_in_two_runs_equals_learning_in_one(
     first: list[tuple[str, int]], second: list[tuple[str, int]]

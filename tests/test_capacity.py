@@ -102,7 +102,9 @@ def _fixed(seconds: float) -> Callable[[random.Random], float]:
     ],
     ids=["fixed", "uniform", "exponential"],
 )
-def test_a_server_that_serves_one_at_a_time_gets_about_one(service_s) -> None:
+def test_a_server_that_serves_one_at_a_time_gets_about_one(
+    service_s: Callable[[random.Random], float],
+) -> None:
     run, _ = simulate(1, service_s, 300)
     assert run.most_in_flight <= 3  # startup tries two (and three at most), never 32
     assert statistics.mean(run.settled()) <= 1.5
@@ -127,6 +129,7 @@ def test_a_server_with_200_slots_gets_about_200() -> None:
     assert run.took_s <= 140
 
 
+@pytest.mark.slow
 def test_a_large_gateway_with_a_spread_of_latency_gets_hundreds() -> None:
     run, _ = simulate(1000, lambda rng: max(0.1, rng.gauss(3.0, 1.0)), 60_000)
     assert 850 <= statistics.median(run.settled()) <= 1300

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import API_KEY, aiq_env, run_aiq, write_prompts
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 
 def _check(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:

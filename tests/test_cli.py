@@ -6,8 +6,11 @@ import importlib.metadata
 import json
 from pathlib import Path
 
+import pytest
 from conftest import aiq_env, read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 
 def test_add_counts_new_known_changed_invalid(tmp_path: Path) -> None:

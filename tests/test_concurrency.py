@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Callable
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -137,7 +139,7 @@ def _sized(rpm: int, latencies: list[float], cap: int = 100_000) -> AutoConcurre
     return auto
 
 
-def _draws(n: int, draw) -> list[float]:
+def _draws(n: int, draw: Callable[[random.Random], float]) -> list[float]:
     rng = random.Random(0)
     return [max(0.05, draw(rng)) for _ in range(n)]
 
@@ -204,6 +206,7 @@ def test_with_no_limit_known_the_capacity_found_sizes_it() -> None:
     assert cut < grown
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     rpm=st.integers(1, 100_000),

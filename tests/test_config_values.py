@@ -189,6 +189,7 @@ def test_config_path_is_the_file_read_or_none(
     assert Config.resolve(env={}).config_path == Path("aiq.yaml")
 
 
+@pytest.mark.slow
 def test_run_with_a_bad_config_exits_2_before_reading_anything(tmp_path: Path) -> None:
     write_prompts(tmp_path / "p.jsonl", [("a", "hello")])
     (tmp_path / "aiq.yaml").write_text("model: m\nrpm: fast\ntemperature: hot\n")

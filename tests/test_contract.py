@@ -53,4 +53,4 @@ def test_settings_take_exactly_the_contracts_choices(
     with pytest.raises(ValueError, match="is unknown"):
         check("other")
     with pytest.raises(UsageError, match=f"{setting}: 'other' is unknown; use {choices[0]}"):
-        Config(**{setting: "other"})
+        Config(**{setting: "other"})  # type: ignore[arg-type]  # (a wrong value on purpose)

@@ -1,7 +1,7 @@
 """Cost accounting and --max-cost, end to end against the fake server.
 
-Every expected figure is computed here by hand from how the fake server counts usage
-(about four characters a token, at least one: ``fakeserver._tokens``), never read back from aiq.
+Every expected figure is computed here by hand from how the fake server counts usage (about
+four characters a token, at least one: ``fakeserver.replies._tokens``), never read back from aiq.
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import math
 import sqlite3
 from pathlib import Path
 
+import pytest
 from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 PRICE_IN, PRICE_OUT = 1.5, 4.0  # USD per 1M tokens for model "m"
 CONFIG = f"prices:\n  m: {{input: {PRICE_IN}, output: {PRICE_OUT}}}\n"

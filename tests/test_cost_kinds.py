@@ -2,7 +2,7 @@
 counts, end to end: a real fake server, real ``aiq`` subprocesses.
 
 Every expected figure is computed here by hand from how the fake server counts usage (about
-four characters a token, at least one: ``fakeserver._tokens``), never read back from aiq.
+four characters a token, at least one: ``fakeserver.replies._tokens``), never read back from aiq.
 """
 
 from __future__ import annotations
@@ -11,9 +11,13 @@ import json
 import math
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 
 def _tokens(text: str) -> int:
@@ -159,7 +163,7 @@ def test_replies_with_unusable_usage_are_counted_never_subtracted_and_stored_as_
     tmp_path: Path,
 ) -> None:
     (tmp_path / "aiq.yaml").write_text("prices:\n  m: {input: 2, output: 8}\n")
-    bad = {
+    bad: dict[str, dict[str, Any]] = {
         "NEG": {"prompt_tokens": -1_000_000_000, "completion_tokens": -5},
         "NEGOUT": {"completion_tokens": -7},
         "FLOAT": {"prompt_tokens": 12.5},

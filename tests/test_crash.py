@@ -8,10 +8,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from conftest import read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
 from aiq.dispatch import _AHEAD
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 CONCURRENCY = 8
 

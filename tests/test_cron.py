@@ -8,8 +8,11 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 
 def _prompts(n: int) -> list[tuple[str, str]]:

@@ -15,8 +15,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import run_aiq, write_prompts
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 
 def _closed_port() -> int:

@@ -142,6 +142,7 @@ def test_reasoning_models_are_told_apart_by_name(model: str, reasoning: bool) ->
     assert is_reasoning_model(model) is reasoning
 
 
+@pytest.mark.slow
 @given(
     line=st.fixed_dictionaries(
         {"prompt": st.text(max_size=5)},

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from aiq.breaker import Breakers
+from aiq.contract import StateName
 from aiq.dispatch import Dispatcher
 from aiq.inputs import Defaults
 from aiq.records import DONE, Job, Outcome
@@ -31,13 +32,13 @@ def done(job: Job) -> Outcome:
     return Outcome(job.id, DONE, job.attempts + 1, started_at=now, finished_at=now)
 
 
-def drive(tmp_path: Path, engine: Engine) -> tuple[dict[str, int], Counter[int], Progress]:
+def drive(tmp_path: Path, engine: Engine) -> tuple[dict[StateName, int], Counter[int], Progress]:
     """Enqueue JOBS prompts, run the dispatcher with ``engine`` beside it to the end; the
     store's counts, how often each job was handed out, and the progress."""
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"prompt": f"p{i}"}) + b"\n" for i in range(JOBS)))
 
-    async def scenario() -> tuple[dict[str, int], Counter[int], Progress]:
+    async def scenario() -> tuple[dict[StateName, int], Counter[int], Progress]:
         store = await JobStore.open(tmp_path / "aiq.db")
         try:
             source = await store.add_source(

@@ -7,8 +7,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from conftest import run_aiq, write_prompts
 from fakeserver import FakeServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 # Round prices, so the expected cost is plain arithmetic: $1 and $2 per million tokens.
 CONFIG = "prices:\n  m: {input: 1.0, output: 2.0}\n"

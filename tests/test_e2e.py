@@ -14,6 +14,8 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 
 def _prompts(n: int, *, fail_every: int = 0, tag: str = "p") -> list[tuple[str, str]]:
     out = []

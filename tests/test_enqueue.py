@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from aiq import bulk
+from aiq.contract import JobState
 from aiq.inputs import BadLine, Defaults, Request
 from aiq.records import DEAD, DONE, QUEUED, EnqueueCounts, Outcome, k64
 from aiq.requestfile import read_requests
@@ -163,7 +164,7 @@ def test_repointed_job_still_wanted_elsewhere_is_kept(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("state", [DONE, DEAD])
-def test_an_orphan_that_ran_is_kept_only_if_done(tmp_path: Path, state: int) -> None:
+def test_an_orphan_that_ran_is_kept_only_if_done(tmp_path: Path, state: JobState) -> None:
     src = write(tmp_path / "in.jsonl", line("a", "old"))
     db = tmp_path / "db"
     add(db, src)

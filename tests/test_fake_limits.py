@@ -16,7 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fake_limits import (
+from fakes import FakeClock
+from fakeserver import FakeServer
+from fakeserver.modes import (
     AnthropicBuckets,
     AzureWindows,
     Cost,
@@ -30,7 +32,6 @@ from fake_limits import (
     build,
     groq_duration,
 )
-from fakeserver import FakeServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,6 +91,7 @@ def test_openai_requests_429_waits_for_one_request() -> None:
     assert "Please try again in 120ms." in no.payload["error"]["message"]
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     gaps=st.lists(st.floats(0, 0.2), min_size=1, max_size=300),
@@ -340,6 +342,7 @@ async def _post_many(base_url: str, n: int) -> list[float]:
         return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
+@pytest.mark.slow
 def test_a_one_slot_server_queues_the_rest() -> None:
     with FakeServer(limit_mode=Headerless(slots=1), latency_s=0.1) as server:
         took = asyncio.run(_post_many(server.base_url, 4))
@@ -379,23 +382,13 @@ def test_another_client_drains_a_bucket_it_shares() -> None:
 # -- through the server ---------------------------------------------------------------------------
 
 
-class _Clock:
-    """A clock a test moves by hand while the server runs."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _chat(client: httpx.Client, prompt: str = "hi") -> httpx.Response:
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}
     return client.post("/chat/completions", json=body)
 
 
 def test_the_server_answers_in_the_modes_words_and_logs_its_refusals() -> None:
-    clock = _Clock(T0 + 10)
+    clock = FakeClock(T0 + 10)
     with FakeServer(limit_mode=LiteLLMRouter(rpm=3), limit_clock=clock) as server:
         with httpx.Client(base_url=server.base_url) as client:
             statuses = [_chat(client, f"q{i}").status_code for i in range(3)]
@@ -415,7 +408,7 @@ def test_the_server_answers_in_the_modes_words_and_logs_its_refusals() -> None:
 
 
 def test_the_server_settles_anthropic_usage_with_the_mode() -> None:
-    clock = _Clock(T0)
+    clock = FakeClock(T0)
     mode = AnthropicBuckets(rpm=10, itpm=100_000, otpm=1000)
     system = [{"type": "text", "text": "x" * 8000, "cache_control": {"type": "ephemeral"}}]
     body = {"model": "claude", "max_tokens": 400, "system": system}
@@ -461,8 +454,9 @@ def test_build_by_name(name: str, kind: type[Mode]) -> None:
     assert isinstance(build("anthropic", rpm=5, tpm=5000), AnthropicBuckets)
 
 
+@pytest.mark.slow
 def test_the_server_process_takes_a_limit_mode() -> None:
-    script = Path(__file__).with_name("fakeserver.py")
+    script = Path(__file__).with_name("fakeserver")
     cmd = [sys.executable, str(script), "--limit-mode", "per-second", "--rpm", "120"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:

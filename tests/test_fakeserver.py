@@ -1,6 +1,6 @@
 """The test doubles and the HTTP stack, checked against the real thing.
 
-- ``FakeServer`` (tests/fakeserver.py) and ``SimulatedTransport`` answer in shapes the official
+- ``FakeServer`` (tests/fakeserver) and ``SimulatedTransport`` answer in shapes the official
   ``openai`` package's types accept, so neither can drift from the real API.
 - ``aiq.transport`` delivers replies, and fails with the same httpx exception classes httpx's own
   transport raises, so providers classify errors the same whichever transport is underneath.
@@ -149,6 +149,7 @@ def statuses(server: FakeServer, prompts: list[str]) -> list[int]:
         return [client.post("/chat/completions", json=chat(p)).status_code for p in prompts]
 
 
+@pytest.mark.slow
 def test_transient_errors_are_deterministic_and_redrawn_on_retry() -> None:
     prompts = [f"prompt {i}" for i in range(40)]
     with FakeServer(transient_rate=0.5, seed=7, retry_after_s=1.5) as server:
@@ -203,8 +204,9 @@ def test_latency_delays_each_reply() -> None:
         assert time.monotonic() - start >= 0.1
 
 
+@pytest.mark.slow
 def test_fake_server_runs_as_a_process() -> None:
-    script = Path(__file__).with_name("fakeserver.py")
+    script = Path(__file__).with_name("fakeserver")
     proc = subprocess.Popen(
         [sys.executable, str(script), "--port", "0", "--latency", "0"],
         stdout=subprocess.PIPE,
@@ -278,6 +280,7 @@ def test_simulated_permanent_failure_and_unknown_path() -> None:
     assert_openai_error(unknown.json(), type_="invalid_request_error")
 
 
+@pytest.mark.slow
 def test_simulated_transient_errors_retry_to_success_deterministically() -> None:
     calls = [("/chat/completions", chat(f"q{i}")) for i in range(40)]
     first = simulate(calls * 8, transient_error_rate=0.4, seed=1)
@@ -307,7 +310,12 @@ def test_simulated_latency_is_jittered_around_latency_s() -> None:
 
 def run_client(call: Callable[[httpx.AsyncClient], Awaitable[Any]], **kw: float) -> Any:
     """Run ``call`` with a fresh make_client() client and close it afterwards."""
-    options = {"max_connections": 4, "connect_timeout_s": 2.0, "read_timeout_s": 2.0} | kw
+    options: dict[str, Any] = {
+        "max_connections": 4,
+        "connect_timeout_s": 2.0,
+        "read_timeout_s": 2.0,
+    }
+    options |= kw
 
     async def go() -> Any:
         async with make_client(**options) as client:

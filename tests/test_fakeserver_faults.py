@@ -143,6 +143,7 @@ def test_rpm_admits_exactly_the_limit_and_429s_the_rest() -> None:
     assert server.max_accepted_in_window(60) == 10
 
 
+@pytest.mark.slow
 def test_per_second_window_admits_rpm_over_60_each_second() -> None:
     with FakeServer(rpm=600, limit_window_s=1) as server:
         grouped = by_status(post_all(server, [chat(f"burst {i}") for i in range(15)]))
@@ -240,6 +241,7 @@ def test_reset_drops_the_connection_without_a_reply() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_hang_outlasts_the_client_timeout_and_is_logged_at_once() -> None:
     with FakeServer(hang_rate=1.0, hang_s=0.3) as server:
         with (
@@ -295,6 +297,7 @@ def test_malformed_replies_are_200s_no_client_can_use() -> None:
     assert {r.fault for r in server.requests} == {"malformed"}
 
 
+@pytest.mark.slow
 def test_reject_rate_fails_the_same_prompts_on_every_attempt() -> None:
     prompts = [f"prompt {i}" for i in range(30)]
     with FakeServer(reject_rate=0.3, seed=5) as server:
@@ -320,6 +323,7 @@ def outcomes(server: FakeServer, prompts: list[str]) -> list[tuple[int, str | No
     return [(r.status, r.fault) for r in server.requests[-len(prompts) :]]
 
 
+@pytest.mark.slow
 def test_faults_are_deterministic_per_seed_and_redrawn_on_retry() -> None:
     prompts = [f"prompt {i}" for i in range(40)]
     rates: dict[str, Any] = {"error_500_rate": 0.2, "error_503_rate": 0.2, "malformed_rate": 0.2}
@@ -379,8 +383,9 @@ def test_outage_can_reset_connections_instead() -> None:
 # -- as a process --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_process_enforces_limits_and_faults_from_its_flags() -> None:
-    script = Path(__file__).with_name("fakeserver.py")
+    script = Path(__file__).with_name("fakeserver")
     flags = ["--rpm", "60", "--limit-window", "1", "--error-503-rate", "1"]
     proc = subprocess.Popen(
         [sys.executable, str(script), "--port", "0", *flags],

@@ -18,6 +18,8 @@ import pytest
 from conftest import API_KEY, run_aiq, write_prompts
 from fakeserver import GEMMA3_TEMPLATE, FakeServer
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 CONFIG = "prices:\n  m: {input: 1.0, output: 2.0}\n"
 WORDS = ["apple", "pear", "fig", "plum", "kiwi", "lime", "date", "peach", "grape", "melon"]
 MORE = ["cherry", "lemon", "mango", "olive", "quince", "guava", "papaya", "berry", "nut", "yam"]

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import aiq_env, run_aiq
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 BOX = re.compile("[╭╮╰╯│─]")
 # one of each kind of option: flags and a FILE (run), a repeatable --id (replay-dead), --json
 COMMANDS = ["run", "replay-dead", "status", "prices"]

@@ -24,6 +24,7 @@ _TOKEN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, m
 _VALUE = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     body=st.binary(max_size=3000),
@@ -112,6 +113,7 @@ def test_provider_over_aiohttp_sends_the_request_and_decodes_the_reply(
         assert headers[b"accept-encoding"] == b"gzip, deflate"
 
 
+@pytest.mark.slow
 def test_the_aiq_process_collects_garbage_less_often_and_the_library_leaves_gc_alone() -> None:
     """``aiq`` raises the GC's first threshold (cli.main); importing aiq changes nothing."""
     script = (

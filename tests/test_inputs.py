@@ -331,6 +331,7 @@ def _dump_shuffled(obj: dict, rng: random.Random, spaced: bool) -> str:
     return json.dumps(dict(items), separators=sep)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(prompt=st.text(max_size=30), extra=extra_fields, seed=st.integers(0, 2**32))
 def test_key_ignores_key_order_and_whitespace(prompt: str, extra: dict, seed: int) -> None:
@@ -341,6 +342,7 @@ def test_key_ignores_key_order_and_whitespace(prompt: str, extra: dict, seed: in
     assert a.key == b.key and a.body == b.body
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(prompt=st.text(max_size=30), extra=extra_fields, data=st.data())
 def test_key_changes_when_any_body_field_changes(
@@ -425,6 +427,7 @@ def test_an_unterminated_last_line_stays_out_of_the_prefix(tmp_path: Path) -> No
 # -- IdSet ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.binary(min_size=8, max_size=8), max_size=300), st.data())
 def test_idset_behaves_like_a_set(keys: list[bytes], data: st.DataObject) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,6 +64,7 @@ def _line(obj: object, rng: random.Random) -> bytes:
     ).encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(messages=_messages, extra=_extra, seed=st.integers(0, 2**32))
 def test_key_is_stable_across_key_order_and_whitespace(
@@ -76,6 +78,7 @@ def test_key_is_stable_across_key_order_and_whitespace(
     assert one.body == two.body
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(messages=_messages, extra=_extra, field=_field, value=_json)
 def test_key_differs_when_any_body_field_differs(

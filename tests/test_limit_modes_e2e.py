@@ -1,4 +1,4 @@
-"""aiq against every way the fake server counts (tests/fake_limits.py, issue 12's modes a-g), told
+"""aiq against every way the fake server counts (tests/fakeserver/modes, issue 12's modes a-g), told
 the limit (``configured``) and not (``learned``), end to end: a real ``aiq run`` subprocess
 against a real server, judged from the server's own log.
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import fake_limits as fl
 import pytest
 from conftest import API_KEY, aiq_cmd, aiq_env, write_prompts
 from fakeserver import FakeServer
+from fakeserver import modes as fl
 
 LATENCY_S = 0.05
 # The bench's target is 0.95 (bench/limit_modes.py, where these rows reach 0.98-0.997); here
@@ -422,6 +422,7 @@ def _until_done_or_too_slow(
             return "", sending_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "how"), _params())
 def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) -> None:
     case = CASES[name]
@@ -460,7 +461,7 @@ def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) ->
 def _ideal(mode: fl.Mode, jobs: int, start: float, step_s: float = 0.001) -> list[float]:
     """The times an ideal client's ``jobs`` are admitted, each sent the moment ``mode`` takes
     it (bench/limit_modes.py's ``least_s``, on a fake clock)."""
-    now, admitted = start, []
+    now, admitted = start, list[float]()
     while len(admitted) < jobs:
         if mode.admit(now, fl.Cost(tokens=20, input_tokens=20)) is None:
             admitted.append(now)

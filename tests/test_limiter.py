@@ -8,11 +8,12 @@ caller, and the provider's headers followed.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import math
+from typing import Any
 
 import pytest
+from fakes import FakeClock, SharedClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,47 +21,8 @@ from aiq.limiter import HEADROOM, WINDOW_S, Budget, Limiters, RateLimiter, Reque
 from aiq.ratelimit_headers import RateLimitInfo, Window
 
 
-class FakeClock:
-    """A clock that only moves when a caller sleeps."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.now += seconds
-
-
-class SharedClock(FakeClock):
-    """A fake clock for several tasks sleeping at once: each sleeper wakes when the clock
-    reaches its time, and ``run`` moves the clock to the next wake-up while any task waits."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        super().__init__(now)
-        self._wakes: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
-
-    async def sleep(self, seconds: float) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._wakes, (self.now + seconds, next(self._seq), future))
-        await future
-
-    async def run(self, tasks: list[asyncio.Future[None]]) -> None:
-        while not all(t.done() for t in tasks):
-            for _ in range(3):
-                await asyncio.sleep(0)
-            if self._wakes:
-                at, _, future = heapq.heappop(self._wakes)
-                self.now = max(self.now, at)
-                future.set_result(None)
-        await asyncio.gather(*tasks)
-
-
-def limiter(clock: FakeClock, **kw: float) -> RateLimiter:
-    return RateLimiter(clock=clock, sleep=clock.sleep, **kw)  # type: ignore[arg-type]
+def limiter(clock: FakeClock, **kw: Any) -> RateLimiter:
+    return RateLimiter(clock=clock, sleep=clock.sleep, **kw)
 
 
 def max_in_window(times: list[float], costs: list[float], span: float) -> float:
@@ -83,6 +45,7 @@ def unlimited_info(**windows: Window) -> RateLimitInfo:
     return RateLimitInfo(windows.get("requests", empty), windows.get("tokens", empty))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     limit=st.integers(1, 5_000),
@@ -106,6 +69,7 @@ def test_budget_never_puts_more_than_its_limit_into_any_minute(
     assert max_in_window(times, costs, WINDOW_S) <= limit + 1e-6
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(rpm=st.integers(3_000, 120_000), n=st.integers(2, 600))
 def test_request_budget_paces_evenly_a_little_under_the_limit(rpm: int, n: int) -> None:
@@ -359,6 +323,7 @@ def test_defer_refuses_a_request_larger_than_the_limit() -> None:
         lim.defer(900, 200, after_s=0.1)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(
     rpm=st.integers(1, 100_000),
@@ -648,7 +613,7 @@ def test_a_window_with_no_reset_is_taken_to_refill_at_the_next_calendar_minute()
     what is left goes at once, and no more until just after the clock's next minute."""
     clock = FakeClock(1000.0)
     wall = FakeClock(1_800_000_030.0)  # 30 s into a minute
-    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=wall)  # type: ignore[arg-type]
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=wall)
     lim.observe(unlimited_info(requests=Window(600, 5, None)))
     times = drain(lim, clock, 7)
     assert times[4] == times[0] == 1000.0
@@ -759,6 +724,7 @@ def _naive_ahead(budget: Budget, now: float) -> float:
     return sum(e.cost for e in budget._log if e.at > now)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     ops=st.lists(
@@ -770,7 +736,9 @@ def _naive_ahead(budget: Budget, now: float) -> float:
         max_size=80,
     )
 )
-def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(ops) -> None:
+def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(
+    ops: list[tuple[str, float, float]],
+) -> None:
     """``Budget._ahead`` is kept up as bookings come and go (no walk of them per reply): it
     always equals the sum of the log's bookings after ``now``, whatever the order of events."""
     budget = Budget(1e9)

@@ -19,6 +19,8 @@ import pytest
 from conftest import API_KEY, read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer, LoggedRequest
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 
 def posts(server: FakeServer) -> list[LoggedRequest]:
     return [r for r in server.requests if r.method == "POST"]

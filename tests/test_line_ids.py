@@ -9,11 +9,15 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import read_jsonl, run_aiq
 from fakeserver import FakeServer
 
 from aiq.inputs import custom_id_hash
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 ROOT = Path(__file__).parent.parent
 
@@ -119,7 +123,7 @@ def test_defaults_reach_the_wire_only_where_the_request_takes_them(
     tmp_path: Path, server: FakeServer
 ) -> None:
     user = [{"role": "user", "content": "dev"}]
-    lines = [
+    lines: list[dict[str, Any]] = [
         {"custom_id": "plain", "prompt": "plain"},
         {"custom_id": "mct", "prompt": "mct", "max_completion_tokens": 9},
         {"custom_id": "dev", "messages": [{"role": "developer", "content": "Be terse."}, *user]},

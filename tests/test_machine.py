@@ -49,6 +49,7 @@ def test_the_machine_says_how_much_memory_it_has() -> None:
     assert memory is None or memory > 64 * 2**20
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="no open-files limit on Windows")
 def test_a_run_raises_its_soft_open_files_limit_to_the_hard_one() -> None:
     # In a child process: the soft limit lowered first, as many systems set it (1,024).

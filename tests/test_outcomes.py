@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from aiq.contract import ErrorType, JobState
 from aiq.outcomes import (
     NO_REFUSALS,
     Fate,
@@ -44,7 +45,7 @@ def half() -> float:
 
 
 def error(
-    error_type: str,
+    error_type: ErrorType,
     status: int | None = None,
     *,
     retryable: bool = False,
@@ -260,7 +261,7 @@ def _reply(stop: Stop | None) -> Reply:
     return Reply.of(b'{"ok": true}', "req_1", usage, None, stop)
 
 
-def done(stop: Stop | None, state: int = DONE, message: str | None = None) -> Outcome:
+def done(stop: Stop | None, state: JobState = DONE, message: str | None = None) -> Outcome:
     return Outcome(
         JOB.id,
         state,
@@ -295,7 +296,7 @@ FILTERED = Stop(CONTENT_FILTER, 'finish_reason "content_filter"')
     ],
 )
 def test_a_reply_is_done_or_as_on_truncated_says(
-    stop: Stop | None, dead_truncated: bool, state: int
+    stop: Stop | None, dead_truncated: bool, state: JobState
 ) -> None:
     got = replied(
         JOB, _reply(stop), started=STARTED, finished=NOW, model="m", cost_usd=0.25,

@@ -12,12 +12,21 @@ enforcement (a small bucket, a sliding second).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_limiter import SimBucket, SimFixedWindow
-from test_refusal_limit import HINTS, LATENCY_S, SimSlidingMinute, after_turn, per_window, run
+from test_refusal_limit import (
+    HINTS,
+    LATENCY_S,
+    Admits,
+    SimSlidingMinute,
+    after_turn,
+    per_window,
+    run,
+)
 
 from aiq.budget import HEADROOM, Budget
 from aiq.ratelimit_headers import Window
@@ -28,7 +37,7 @@ class SimSlidingSecond:
     behind a per-minute limit, reported nowhere)."""
 
     def __init__(self, limit: int) -> None:
-        self.per_s, self.admitted = limit // 60, []
+        self.per_s, self.admitted = limit // 60, list[float]()
 
     def admit(self, now: float) -> bool:
         if sum(1 for t in self.admitted[-self.per_s :] if t > now - 1.0) >= self.per_s:
@@ -69,7 +78,7 @@ def test_a_calendar_minute_is_learned_from_its_429s_when_told_the_limit(hint: st
     assert min(t for t in sent if t >= turn) - turn <= 1.0
 
 
-NOT_A_BUCKET = {
+NOT_A_BUCKET: dict[str, Callable[[], Admits]] = {
     "sliding-minute": lambda: SimSlidingMinute(120),
     "sliding-second": lambda: SimSlidingSecond(600),
     "small-bucket": lambda: SimBucket(600, 10, 1000.0),

@@ -9,6 +9,7 @@ import json
 from datetime import date, timedelta
 from pathlib import Path
 
+import pytest
 from conftest import run_aiq
 from hypothesis import given
 from hypothesis import strategies as st
@@ -110,6 +111,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, str, str]:
 YAML = "prices:\n  gpt-4o-mini: {input: 0.2, output: 0.8}\n  house-model: {input: 1, output: 2}\n"
 
 
+@pytest.mark.slow
 def test_aiq_prices_prints_the_table_in_force_with_each_source(tmp_path: Path) -> None:
     code, out, _ = _run(tmp_path, "prices")
     assert code == 0
@@ -129,6 +131,7 @@ def test_aiq_prices_prints_the_table_in_force_with_each_source(tmp_path: Path) -
     assert house.split()[-1] == "config"
 
 
+@pytest.mark.slow
 def test_aiq_prices_json_has_each_rows_source_date_and_age(tmp_path: Path) -> None:
     (tmp_path / "aiq.yaml").write_text(YAML)
     code, out, _ = _run(tmp_path, "prices", "--json")
@@ -155,6 +158,7 @@ def _check_prices(tmp_path: Path, *args: str) -> tuple[int, list[dict]]:
     return code, [f for f in findings if f["subject"] == "price"]
 
 
+@pytest.mark.slow
 def test_check_warns_of_a_stale_default_price_saying_how_to_set_one(tmp_path: Path) -> None:
     code, (price,) = _check_prices(tmp_path, "--model", "gpt-4o")
 
@@ -165,6 +169,7 @@ def test_check_warns_of_a_stale_default_price_saying_how_to_set_one(tmp_path: Pa
     assert "aiq prices" in price["fix"]
 
 
+@pytest.mark.slow
 def test_check_prices_every_model_the_store_would_send_to(tmp_path: Path) -> None:
     lines = [{"custom_id": "a", "prompt": "hi"}, {"custom_id": "b", "prompt": "hi", "model": "x-1"}]
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -103,7 +103,7 @@ def test_the_total_follows_jobs_added_during_a_run(
     first, more = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     write_prompts(first, [(f"a{i}", f"first {i}") for i in range(20)])
     write_prompts(more, [(f"b{i}", f"more {i}") for i in range(10)])
-    cfg = Config(db=str(tmp_path / "aiq.db"), provider="simulated", model="m", concurrency=2,
+    cfg = Config(db=tmp_path / "aiq.db", provider="simulated", model="m", concurrency=2,
                  simulated_latency_s=0.02, simulated_error_rate=0)  # fmt: skip
     seen: list[tuple[int, int]] = []
 
@@ -124,6 +124,7 @@ def test_the_total_follows_jobs_added_during_a_run(
     assert seen[0][1] == 20 and seen[-1] == (30, 30)
 
 
+@pytest.mark.slow
 def test_on_a_terminal_the_summary_comes_after_the_panels_last_frame(tmp_path: Path) -> None:
     write_prompts(tmp_path / "p.jsonl", [(f"p{i}", f"prompt {i}") for i in range(6)])
     (tmp_path / "aiq.yaml").write_text("simulated_latency_s: 0.05\nsimulated_error_rate: 0\n")

@@ -129,6 +129,7 @@ _NAMES = [f"x-ratelimit-{p}-{k}" for p in _PARTS for k in _KINDS] + [
 _VALUES = st.sampled_from(["500", "499", "0", "1.5", "6m0s", "120ms", "59.99s", "lots", "", "-3"])
 
 
+@pytest.mark.slow
 @given(
     st.lists(
         st.tuples(

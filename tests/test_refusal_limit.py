@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
+from typing import Protocol
 
 import pytest
+from fakes import FakeClock, SharedClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_limiter import FakeClock, SharedClock, SimBucket, SimFixedWindow
+from test_limiter import SimBucket, SimFixedWindow
 
 from aiq import backoff
-from aiq.limiter import RateLimiter
+from aiq.limiter import RateLimiter, Ticket
 from aiq.refusals import RefusalStreak
 
 HINTS = ("retry-after", "retry-after-whole", "llm_provider", None)
@@ -27,11 +30,17 @@ LATENCY_S = 0.05
 SENDERS = 8
 
 
+class Admits(Protocol):
+    """A simulated server: whether it lets a request in at ``now``."""
+
+    def admit(self, now: float) -> bool: ...
+
+
 class SimSlidingMinute:
     """At most ``limit`` admitted in any 60 s (a sliding log), no hint."""
 
     def __init__(self, limit: int) -> None:
-        self.limit, self.admitted = limit, []
+        self.limit, self.admitted = limit, list[float]()
 
     def admit(self, now: float) -> bool:
         if sum(1 for t in self.admitted if t > now - 60) >= self.limit:
@@ -49,7 +58,7 @@ def hint_s(server: SimFixedWindow, hint: str | None, now: float) -> float | None
 
 
 def run(
-    server,
+    server: Admits,
     hint: str | None,
     n: int,
     wall_offset: float,
@@ -63,7 +72,7 @@ def run(
     aiq told ``rpm``, or nothing. Returns when each admitted request went, and when each
     refused one went (more than ``storm`` refused fails the test)."""
     clock = SharedClock(1000.0)
-    lim = RateLimiter(rpm=rpm, clock=clock, sleep=clock.sleep, wall=lambda: clock.now + wall_offset)  # type: ignore[arg-type]
+    lim = RateLimiter(rpm=rpm, clock=clock, sleep=clock.sleep, wall=lambda: clock.now + wall_offset)
     sent: list[float] = []
     refused: list[float] = []
     streak = RefusalStreak(clock)
@@ -118,6 +127,7 @@ def per_window(sent: list[float], phase: float) -> dict[int, int]:
     return counts
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     limit=st.integers(1, 60),
@@ -145,6 +155,7 @@ def test_after_one_429_every_calendar_minute_is_used_whole_and_none_refuses(
         assert min(t for t in sent if t >= start) - start <= 1.0
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     limit=st.integers(1, 60),
@@ -185,7 +196,7 @@ def test_the_next_window_goes_at_once_where_the_server_said_or_the_clock_turns(
     assert sent[199] - sent[150] <= 0.2 + 2 * LATENCY_S
 
 
-SERVERS_NOT_FIXED = {
+SERVERS_NOT_FIXED: dict[str, Callable[[], SimBucket | SimSlidingMinute]] = {
     "sliding": lambda: SimSlidingMinute(100),
     "bucket": lambda: SimBucket(100, 100, 1000.0),
     "small-bucket": lambda: SimBucket(100, 10, 1000.0),
@@ -209,7 +220,7 @@ def test_a_server_without_fixed_windows_is_paced_at_what_got_through(name: str) 
 def test_nothing_learned_while_the_server_answers() -> None:
     """Without a 429, a server that reports nothing is not paced at all."""
     clock = FakeClock(1000.0)
-    lim = RateLimiter(clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    lim = RateLimiter(clock=clock, sleep=clock.sleep)
 
     async def go() -> None:
         for _ in range(1000):
@@ -228,9 +239,9 @@ def test_429s_now_and_then_teach_no_limit() -> None:
     nothing is held back: the answers to requests sent before a 429 do not make a streak of
     it, the next one sent gets through."""
     clock = FakeClock(1000.0)
-    lim = RateLimiter(clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    lim = RateLimiter(clock=clock, sleep=clock.sleep)
     refused = {i for i in range(2000) if i % 20 == 7} | {300, 301, 302}
-    in_flight: list[tuple[int, object]] = []
+    in_flight: list[tuple[int, Ticket]] = []
     for i in range(2000):
         ticket = lim.ticket_now()
         assert ticket is not None, f"held back at request {i}"
@@ -239,11 +250,11 @@ def test_429s_now_and_then_teach_no_limit() -> None:
         if len(in_flight) == 8:
             j, answered = in_flight.pop(0)
             if j in refused:
-                lim.refund(answered)  # type: ignore[arg-type]
-                lim.rate_limited(0.1, ticket=answered)  # type: ignore[arg-type]
+                lim.refund(answered)
+                lim.rate_limited(0.1, ticket=answered)
                 clock.now += 0.1  # (the pause it asked for)
             else:
-                lim.settle(answered, 0)  # type: ignore[arg-type]
+                lim.settle(answered, 0)
     assert lim.limits.rpm is None
 
 
@@ -251,7 +262,7 @@ def test_five_429s_in_a_row_after_the_last_success_sent_teach_one() -> None:
     """The same server at a limit: every request sent after the 150th is refused, though
     answers to earlier ones still come back between the refusals."""
     clock = FakeClock(1000.0)
-    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: 30.0)  # type: ignore[arg-type]
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: 30.0)
     tickets = []
     for _ in range(160):
         ticket = lim.ticket_now()

@@ -7,23 +7,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fake_limits as fl
+import pytest
 from conftest import run_aiq, write_prompts
+from fakes import FakeClock
 from fakeserver import FakeServer
+from fakeserver import modes as fl
 
 from aiq.refusals import RefusalStreak
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_refusals_of_calls_in_flight_together_are_one_round() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     streak = RefusalStreak(clock)
     assert [streak.refused() for _ in range(3)] == [1, 2, 3]  # no pause yet: each a round
     streak.pausing(2.0)
@@ -37,6 +31,7 @@ def test_refusals_of_calls_in_flight_together_are_one_round() -> None:
     assert streak.refused() == 1
 
 
+@pytest.mark.slow
 def test_a_provider_refusing_every_call_with_no_delay_ends_the_run(tmp_path: Path) -> None:
     # Every call answered 429 with no retry header at all (a model that always fails behind a
     # gateway: ../shared/PROVIDERS.md, LiteLLM row).

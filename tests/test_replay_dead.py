@@ -10,6 +10,8 @@ import pytest
 from conftest import run_aiq, write_prompts
 from fakeserver import FakeServer
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 
 def _counts(cwd: Path) -> dict[str, int]:
     return json.loads(run_aiq("status", "--json", cwd=cwd).stdout)["counts"]

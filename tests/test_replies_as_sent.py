@@ -111,6 +111,7 @@ def _answering(body: bytes) -> httpx.MockTransport:
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(openai_replies())
 def test_openai_reply_is_returned_byte_for_byte_under_any_key(case: tuple[str, bytes]) -> None:
@@ -120,6 +121,7 @@ def test_openai_reply_is_returned_byte_for_byte_under_any_key(case: tuple[str, b
     assert _send(provider, "/v1/chat/completions", CHAT) == body
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(anthropic_replies())
 def test_anthropic_reply_is_returned_byte_for_byte_under_any_key(case: tuple[str, bytes]) -> None:
@@ -129,6 +131,7 @@ def test_anthropic_reply_is_returned_byte_for_byte_under_any_key(case: tuple[str
     assert _send(provider, "/v1/chat/completions", CHAT) == body
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(openai_replies())
 def test_reply_reaches_the_store_and_results_file_as_sent(case: tuple[str, bytes]) -> None:
@@ -256,6 +259,7 @@ def _stored(db: Path) -> list[bytes]:
         return [r[0] for r in conn.execute("SELECT response FROM jobs ORDER BY id")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("provider", "key_env", "key"),
     [

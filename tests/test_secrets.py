@@ -18,12 +18,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import fake_anthropic
 import pytest
 from aiohttp import web
 from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer, chat_reply, prompt_of
+from fakeserver import anthropic as fake_anthropic
 from localserver import LocalServer
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 WRONG_KEY = "sk-wrong-9f8e7d6c5b4a-also-secret"
 # The key and the parts of it a redaction might leave behind.

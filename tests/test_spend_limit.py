@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fake_limits as fl
 import pytest
 from conftest import run_aiq, write_prompts
 from fakeserver import FakeServer
+from fakeserver import modes as fl
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 JOBS, AFTER = 40, 5
 

@@ -1,6 +1,6 @@
 """Anthropic's input and output token limits, each its own budget, on a fake clock.
 
-The provider is the tests' own fake (``fake_limits.AnthropicBuckets``), driven at the fake
+The provider is the tests' own fake (``fakeserver.modes.AnthropicBuckets``), driven at the fake
 clock's times: the limiter's promises are checked against how Anthropic counts (cache reads
 free, output counted as generated, ``max_tokens`` reserved on arrival), not against itself.
 """
@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from fake_limits import AnthropicBuckets, Cost
+from fakes import FakeClock, Recorder, SharedClock
 from fakeserver import FakeServer
+from fakeserver.modes import AnthropicBuckets, Cost
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_anthropic import Recorder, message, send
-from test_limiter import FakeClock, SharedClock
+from test_anthropic import message, send
 
 from aiq.limiter import HEADROOM, RateLimiter
 from aiq.ratelimit_headers import RateLimitInfo, Window, parse_rate_limit_headers
@@ -28,7 +28,7 @@ MODEL = "claude-sonnet-4-5"
 
 
 def limiter(clock: FakeClock) -> RateLimiter:
-    return RateLimiter(clock=clock, sleep=clock.sleep, wall=clock)  # type: ignore[arg-type]
+    return RateLimiter(clock=clock, sleep=clock.sleep, wall=clock)
 
 
 def headers_at(mode: AnthropicBuckets, now: float) -> RateLimitInfo:
@@ -175,6 +175,7 @@ def test_input_is_the_binding_limit_when_prompts_are_not_cached() -> None:
     assert (len(result.sent) - 6) * 1000 / (30_000 / 60 * span) >= 0.95
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(
     outputs=st.lists(st.integers(100, 600), min_size=80, max_size=80),
@@ -199,6 +200,7 @@ def test_varied_outputs_reach_the_output_limit_without_429s(
     assert output_share(result, 8000, skip=10) >= 0.85
 
 
+@pytest.mark.slow
 def test_a_large_limit_is_ramped_up_over_the_first_minute() -> None:
     """OTPM 200,000 from nothing: a quarter of the pace at first, all of it after a minute."""
     clock = FakeClock()

@@ -8,9 +8,11 @@ import random
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aiq.contract import JobError
 from aiq.inputs import Defaults
 from aiq.records import DEAD, DONE, QUEUED, STATE_NAMES, Outcome, Stats
 from aiq.requestfile import read_requests
@@ -19,7 +21,14 @@ from aiq.usage import Usage
 
 NOW = 2_000_000.0
 MODELS = ["a", "b", None]
-ERRORS = ["server", "timeout", "rate_limit", "invalid_request", "auth", "bad_response"]
+ERRORS: list[JobError] = [
+    "server",
+    "timeout",
+    "rate_limit",
+    "invalid_request",
+    "auth",
+    "bad_response",
+]
 
 
 async def _plain(store: JobStore, now: float, since: float | None) -> dict[str, Any]:
@@ -92,6 +101,7 @@ def _figures(s: Stats) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -124,7 +134,9 @@ def test_stats_agree_with_a_plain_query_for_each_figure(
                     Usage(
                         sum(parts[:3]) + rng.randint(0, 50),
                         parts[3] + rng.randint(0, 50),
-                        *parts[:3],
+                        cached=parts[0],
+                        cache_write=parts[1],
+                        cache_write_1h=parts[2],
                         reasoning=parts[3],
                     ),
                 ]

@@ -14,9 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
+from aiq.contract import StateName
 from aiq.lock import StoreLock, run_state
 from aiq.records import RunState, Stats
 from aiq.report import status_lines
@@ -28,6 +30,7 @@ def _status(cwd: Path) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.slow
 def test_status_of_a_live_run_then_of_one_killed(tmp_path: Path) -> None:
     write_prompts(tmp_path / "p.jsonl", [(f"q{i}", f"question {i}") for i in range(60)])
     with FakeServer(latency_s=0.5) as server:
@@ -104,7 +107,7 @@ def test_run_state_reads_the_lock_without_taking_it(tmp_path: Path) -> None:
 
 
 def test_the_text_says_when_the_last_run_ended_and_shows_no_rate() -> None:
-    counts = {"queued": 3, "running": 0, "done": 7, "dead": 0}
+    counts: dict[StateName, int] = {"queued": 3, "running": 0, "done": 7, "dead": 0}
     ended = RunState(active=False, pid=1, host="h", started_at=1_000.0, ended_at=1_030.0)
     s = Stats(total=10, counts=counts, done_recent=7, tokens_in=0, tokens_out=0,
               oldest_queued_s=40.0, top_errors=[], run=ended)  # fmt: skip

@@ -75,7 +75,7 @@ def test_anthropic_replies(stop_reason: str | None, kind: str | None) -> None:
     stop = anthropic_stop({"content": [], "stop_reason": stop_reason})
     assert (stop.kind if stop else None) == kind
     if stop is not None:
-        assert stop_reason in stop.said  # the message quotes what the reply said
+        assert stop_reason is not None and stop_reason in stop.said  # quotes what it said
 
 
 def test_messages_say_what_to_do() -> None:

@@ -26,6 +26,8 @@ from aiq.timeouts import TimeoutRule, Timeouts
 from aiq.transport import AiohttpTransport
 from aiq.worker import RetryPolicy, Worker
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 
 def test_hangs_are_cut_in_seconds_and_counted(tmp_path: Path) -> None:
     prompts = [(f"p{i}", f"question {i}") for i in range(200)]

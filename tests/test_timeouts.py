@@ -62,6 +62,7 @@ def test_a_ceiling_must_be_positive() -> None:
         Timeouts(ceiling_s=0)
 
 
+@pytest.mark.slow
 @given(latencies, st.floats(min_value=0.1, max_value=1e4), st.integers(0, 10))
 def test_always_within_floor_and_ceiling(samples: list[float], ceiling: float, cuts: int) -> None:
     t = Timeouts(ceiling_s=ceiling)
@@ -84,6 +85,7 @@ def test_grows_with_latency(samples: list[float], base: float, factor: float) ->
         assert (a.learned_s("m") or 0) <= (b.learned_s("m") or 0)
 
 
+@pytest.mark.slow
 @given(st.lists(st.floats(min_value=0.0, max_value=100.0), min_size=20, max_size=255))
 def test_no_reply_slower_than_the_p99_is_cut(samples: list[float]) -> None:
     """At least 99% of the window's replies came back within the timeout it gives."""

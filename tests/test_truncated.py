@@ -1,7 +1,7 @@
 """Replies cut off by max_tokens or stopped by a content filter (issue 13, item 4).
 
 Real `aiq` subprocesses against the fake server, whose markers make a 200 that stopped short in
-each API's own shape (tests/fakeserver.py, ``stopped_short``). Before this, each was a plain
+each API's own shape (tests/fakeserver, ``stopped_short``). Before this, each was a plain
 success: nothing in the summary or `status` told a cut-off or empty answer from a whole one.
 """
 
@@ -11,11 +11,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import read_jsonl, run_aiq
 from fakeserver import FakeServer
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
+
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 MAX_TOKENS = 40
 

@@ -11,6 +11,8 @@ import pytest
 from conftest import aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
+pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
+
 
 def _wait_for_requests(server: FakeServer, n: int, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s

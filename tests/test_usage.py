@@ -77,6 +77,7 @@ def _sound(u: Usage) -> None:
     assert u.reasoning <= u.tokens_out
 
 
+@pytest.mark.slow
 @settings(max_examples=400)
 @given(value=JSON | _openai_shaped() | _anthropic_shaped(), price=PRICES)
 def test_any_json_is_a_sound_usage_or_none_and_never_costs_less_than_nothing(
@@ -89,6 +90,7 @@ def test_any_json_is_a_sound_usage_or_none_and_never_costs_less_than_nothing(
             assert price.usage_cost_usd(u) >= 0
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(usage=_openai_shaped())
 def test_openai_usage_is_unusable_exactly_when_a_figure_read_is_not_a_count(
@@ -117,6 +119,7 @@ def test_openai_usage_is_unusable_exactly_when_a_figure_read_is_not_a_count(
         assert u.cached == (cached or 0)
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(usage=_anthropic_shaped())
 def test_anthropic_usage_counts_every_prompt_token_or_is_unusable(usage: dict[str, Any]) -> None:

@@ -124,6 +124,7 @@ def test_the_panel_says_why_it_waits_on_a_line_of_its_own() -> None:
 
 
 # Learned, the first reply tells the limit and the next request goes at once: a third waits.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flag", "said", "lines"), [(("--rpm", "20"), "given", 2), ((), "learned", 3)]
 )

@@ -13,14 +13,16 @@ import gzip
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from fakes import Recorder
 
+from aiq.contract import ErrorType, StateName
 from aiq.inputs import Defaults
 from aiq.limiter import RateLimiter
 from aiq.providers.base import ProviderError
@@ -56,17 +58,16 @@ def error(status: int, message: str, *, code: str | None = None, **headers: str)
     return httpx.Response(status, json=body, headers=headers)
 
 
-@dataclass
-class Server:
+class Server(Recorder):
     """A MockTransport handler that answers each prompt as ``script`` says, and logs calls."""
 
-    script: Script
-    calls: Counter[str] = field(default_factory=Counter)
-    requests: list[httpx.Request] = field(default_factory=list)
-    on_request: Callable[[], None] | None = None
+    def __init__(self, script: Script) -> None:
+        super().__init__(self._answer)
+        self.script = script
+        self.calls: Counter[str] = Counter()
+        self.on_request: Callable[[], None] | None = None
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
+    def _answer(self, request: httpx.Request) -> httpx.Response:
         prompt = orjson.loads(request.content)["messages"][-1]["content"]
         seen = self.calls[prompt]
         self.calls[prompt] += 1
@@ -112,7 +113,7 @@ class Run:
     rows: dict[str, dict[str, Any]]
     worker: Worker
     server: Server
-    counts: dict[str, int]
+    counts: dict[StateName, int]
     sleeps: list[float]
 
 
@@ -560,13 +561,10 @@ def test_provider_reads_the_servers_delay(headers: dict[str, str], expected_s: f
 
 
 def test_provider_urls_headers_and_gzip() -> None:
-    seen: list[httpx.Request] = []
     payload = orjson.dumps({"object": "list", "data": [], "usage": {"prompt_tokens": 4}})
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        headers = {"content-encoding": "gzip", "x-request-id": "req-9"}
-        return httpx.Response(200, content=gzip.compress(payload), headers=headers)
+    headers = {"content-encoding": "gzip", "x-request-id": "req-9"}
+    handler = Recorder(httpx.Response(200, content=gzip.compress(payload), headers=headers))
+    seen = handler.requests
 
     async def main() -> Any:
         return await _send(handler, "/v1/embeddings", base_url="http://host:8000/")
@@ -589,7 +587,7 @@ def test_provider_classifies_fatal_errors() -> None:
         "base-url": refuse,
     }
 
-    async def main() -> dict[str, tuple[str, bool, bool]]:
+    async def main() -> dict[str, tuple[ErrorType, bool, bool]]:
         out = {}
         for name, handler in handlers.items():
             with pytest.raises(ProviderError) as info:

@@ -1,6 +1,6 @@
 """The Anthropic dialect of the fake server: how ``POST /v1/messages`` is checked and answered.
 
-``tests/fakeserver.py`` serves ``/v1/messages`` beside its OpenAI routes, with the same knobs
+``FakeServer`` serves ``/v1/messages`` beside its OpenAI routes, with the same knobs
 (rate limits, faults, outages, the request log); this module holds only what Anthropic does
 differently, as its API reference describes it:
 
