@@ -46,6 +46,7 @@ class SimSlidingSecond:
         return True
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(limit=st.integers(5, 400), extra=st.floats(0.1, 1.0), senders=st.integers(16, 128))
 def test_a_full_bucket_is_used_at_once_and_never_refuses(
