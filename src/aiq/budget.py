@@ -35,6 +35,11 @@ CALENDAR_MARGIN_S = 0.5
 # Whether senders booked ahead may go now into what a window says is left is looked at most
 # this often: finding out walks every slot booked ahead, and the answer wakes every sender.
 REBOOK_EVERY_S = 0.025
+# Another client's share of a bucket is learned this fast: a sample this many tokens emptier
+# than the model said moves the share by one token a second (so a steady share is found in
+# about this many seconds, the noise of a stale sample averaged over as long).
+OUTSIDE_TAU_S = 1.0
+_OUTSIDE_MAX = 0.9  # of the refill: some always left to find out that it stopped
 # A provider's reset shorter than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is what it enforces.
 SHORT_WINDOW_S = 10.0
@@ -91,6 +96,11 @@ class Budget:
         self._refill = per_minute * headroom / WINDOW_S  # per second, at our headroom
         self._own_full_at = -math.inf  # ...after our bookings
         self._seen_full_at = -math.inf  # ...after what the last sample showed
+        # Of its refill, what another client on the key spends (per second), and when the
+        # bucket was last sampled (``_sync_bucket``).
+        self._outside = 0.0
+        self._sampled_at = -math.inf
+        self._booked_refill = self._refill  # the refill slots booked ahead were paced at
         # Any other window: at most ``_cap_left`` more before ``_cap_until``, when it has
         # refilled and the pace starts over (``_fresh_at``).
         self._cap_left = math.inf
@@ -296,6 +306,8 @@ class Budget:
         rebook = self._follow_limit(now, reported.limit)
         if reported.remaining is None:
             return rebook
+        # What the model of a bucket said before this sample, to learn from the difference.
+        predicted = (max(self._own_full_at, self._seen_full_at), self._refill)
         remaining = float(reported.remaining)
         window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
         per_s = window_limit / WINDOW_S
@@ -323,7 +335,7 @@ class Budget:
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
         if self._bucket:
-            return self._sync_bucket(now, remaining, window_limit) or rebook
+            return self._sync_bucket(now, remaining, window_limit, predicted) or rebook
         # What is left may go at once where the provider says its window is short (then
         # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
@@ -351,8 +363,15 @@ class Budget:
             self.drop_ahead(now)
         return lower
 
-    def _sync_bucket(self, now: float, remaining: float, capacity: float) -> bool:
-        """A minute's bucket sampled: ``remaining`` from full. True if a burst begins."""
+    def _sync_bucket(
+        self, now: float, remaining: float, capacity: float, predicted: tuple[float, float]
+    ) -> bool:
+        """A minute's bucket sampled: ``remaining`` from full. True if a burst begins.
+
+        ``predicted`` is when the model said it would be full, at what refill: a bucket
+        emptier than that was spent by another client on the key, and its share is learned
+        as a rate (``_outside``) taken from the refill, so the model stops sending into a
+        bucket it keeps finding empty; fuller, and the share shrinks back (it stopped)."""
         rebook = False
         # A bucket allows more than a minute's worth in a minute: no 60-second guard.
         self._guard = False
@@ -366,7 +385,29 @@ class Budget:
         # minute for a minute's worth; our own bookings drain the model of it apart
         # (``_own_full_at``), so a stale sample sends no more.
         owed = capacity - remaining + self._ahead(now)
-        self._seen_full_at = now + owed / self._refill
+        nominal = self._refill  # (sync set it from the provider's limit)
+        full_at, refill = predicted
+        expected = max(0.0, full_at - now) * refill
+        # (A bucket full, or predicted so, hides what was spent: nothing to learn.)
+        if self._sampled_at > -math.inf and owed >= 1.0 and expected >= 1.0:
+            # (Raised faster than lowered: a share guessed low sends into an empty bucket.)
+            missing = owed - expected
+            tau_s = OUTSIDE_TAU_S if missing > 0 else 2 * OUTSIDE_TAU_S
+            outside = self._outside + missing / tau_s
+            self._outside = min(_OUTSIDE_MAX * nominal, max(0.0, outside))
+        self._sampled_at = now
+        new = nominal - self._outside
+        if self._own_full_at > now:  # (what our bookings owe, kept, at the new refill)
+            self._own_full_at = now + (self._own_full_at - now) * refill / new
+        self._refill = new
+        if abs(new - self._booked_refill) > 0.1 * nominal and now >= self._rebook_check_at:
+            # Slots booked ahead at the old share are too close or too far: booked again.
+            self._rebook_check_at = now + REBOOK_EVERY_S
+            self._booked_refill = new
+            self.drop_ahead(now)
+            rebook = True
+            owed = capacity - remaining + self._ahead(now)
+        self._seen_full_at = now + owed / new
         return rebook
 
     def _sync_window(

@@ -1,0 +1,97 @@
+"""Another client on the same key, on a fake clock: aiq yields it its share of the provider's
+bucket while it sends, and takes the quota back when it stops (issue 12, mode g).
+
+Every provider counts per key or organization, not per process ("Rate limits apply at the
+organization level": Groq's rate-limits page; OpenAI's guide: limits are per organization and
+project), so a colleague's batch spends the same bucket, and aiq sees it only as a bucket
+emptier than its own sends explain. The bucket is OpenAI's: full at the start, refilled
+continuously, ``remaining`` its level and ``reset`` the time to full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fakes import SharedClock
+from test_limiter import SimBucket, unlimited_info
+
+from aiq.budget import HEADROOM
+from aiq.limiter import RateLimiter
+
+LATENCY_S = 0.2
+
+
+class SharedBucket(SimBucket):
+    """The bucket, spent meanwhile by another client at ``rate`` a second from ``start`` to
+    ``stop`` (its refusals its own business)."""
+
+    def __init__(self, limit: int, *, rate: float, start: float, stop: float) -> None:
+        super().__init__(limit, limit, start)
+        self.next_at, self.stop, self.every_s = start, stop, 1 / rate
+
+    def _other(self, now: float) -> None:
+        while self.next_at <= now and self.next_at < self.stop:
+            super().admit(self.next_at)
+            self.next_at += self.every_s
+
+    def admit(self, now: float) -> bool:
+        self._other(now)
+        return super().admit(now)
+
+    def sample(self, now: float):  # type: ignore[no-untyped-def]
+        self._other(now)
+        return super().sample(now)
+
+
+def run(server: SharedBucket, n: int, senders: int, rpm: float | None) -> tuple[list[float], int]:
+    """``senders`` at once, each reply ``LATENCY_S`` after its request with the bucket's headers
+    as it is then, each 429 handled as the worker does. Returns send times and 429s."""
+    clock = SharedClock(1000.0)
+    lim = RateLimiter(rpm=rpm, clock=clock, sleep=clock.sleep, wall=lambda: clock.now)
+    sent: list[float] = []
+    refused = 0
+
+    async def sender() -> None:
+        nonlocal refused
+        while len(sent) < n:
+            ticket = await lim.acquire()
+            if len(sent) >= n:
+                lim.refund(ticket)
+                return
+            now = clock.now
+            ok = server.admit(now)
+            if ok:
+                sent.append(now)
+            await clock.sleep(LATENCY_S)
+            lim.observe(unlimited_info(requests=server.sample(clock.now)), ticket)
+            if ok:
+                lim.settle(ticket, 0)
+                continue
+            refused += 1
+            lim.refund(ticket)
+            wait_s = lim.rate_limited(server.wait_s(now))
+            lim.pause(wait_s if wait_s is not None else 1.0)
+
+    async def go() -> None:
+        await clock.run([asyncio.ensure_future(sender()) for _ in range(senders)])
+
+    asyncio.run(go())
+    return sorted(sent), refused
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("senders", [64, 600])
+@pytest.mark.parametrize("rpm", [None, 600.0], ids=["learned", "--rpm"])
+def test_another_clients_share_is_yielded_and_taken_back(senders: int, rpm: float | None) -> None:
+    """600/min, full at the start; another client at 300/min for the first 30 s. Yielding it
+    its share, 800 requests take 35 s: the bucket's 600 at once, 5 a second beside it (150 in
+    30 s), then the whole 10 a second. Before aiq learned the share, one 429 in every five
+    requests after the burst (a bucket it kept finding a request emptier than it thought)."""
+    server = SharedBucket(600, rate=5.0, start=1000.0, stop=1030.0)
+    sent, refused = run(server, 800, senders, rpm)
+    assert refused <= 0.01 * 800
+    yielding = 30 + 50 / 10  # the least time that leaves the other client its share
+    assert sent[-1] - sent[0] <= yielding / HEADROOM + 2.0
+    # After it stopped, the whole refill is aiq's again: the last 40 at about 10 a second.
+    assert sent[-1] - sent[-41] <= 40 / (10 * HEADROOM) + 1.0
