@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -76,3 +77,13 @@ def write_prompts(path: Path, prompts: list[tuple[str, str]], *, mode: str = "w"
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def undo_tallies(conn: sqlite3.Connection) -> None:
+    """Take a store back to before migration 0008_tallies (as an older aiq left it), so a
+    test can take it back further (columns the triggers read cannot be dropped under them)."""
+    for trigger in ("insert", "delete", "update"):
+        conn.execute(f"DROP TRIGGER jobs_tally_{trigger}")
+    conn.execute("DROP TABLE tallies")
+    conn.execute("DROP INDEX jobs_queued_created")
+    conn.execute("DELETE FROM migrations WHERE name = '0008_tallies'")

@@ -19,13 +19,14 @@ import httpx
 
 from . import machine, prices, routing
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
+from .database import StoreOutdated
 from .errors import FatalProviderError, StoreError, UsageError
 from .pricing import PRICE_MAX_AGE_DAYS, Price
 from .providers.anthropic import ANTHROPIC_VERSION
 from .providers.base import error_message, secret_of
 from .providers.openai import endpoint_url
 from .records import STATE_NAMES
-from .store import JobStore, StoreOutdated
+from .store import JobStore
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 # Statuses that pass with time (besides 5xx): a timeout, "too early", a rate limit.

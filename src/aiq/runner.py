@@ -19,10 +19,11 @@ from typing import Any
 
 import httpx
 
-from . import calibration, machine, routing
+from . import calibration, enqueue, machine, routing
 from .breaker import Breakers
 from .config import ANTHROPIC_BASE_URL, OPENAI_BASE_URL, Config
 from .costs import CostMeter
+from .database import require_store
 from .errors import (
     FatalProviderError,
     InputError,
@@ -46,7 +47,7 @@ from .records import DEAD, EnqueueCounts, Replayed, Source, Stats
 from .replay import replay
 from .report import plural
 from .requestfile import read_requests
-from .store import JobStore, require_store
+from .store import JobStore
 from .timeouts import Timeouts
 from .transport import AiohttpTransport
 from .worker import Progress, RetryPolicy, Worker
@@ -124,7 +125,7 @@ async def _enqueue(
     source = await store.add_source(
         str(resolved), out_path=out or default_out, dead_path=dead or default_dead
     )
-    counts = await store.enqueue(source, read_requests(resolved, config.defaults))
+    counts = await enqueue.add_file(store, source, read_requests(resolved, config.defaults))
     if counts.invalid and not counts.valid:
         shown = "\n".join(f"  {b}" for b in counts.bad_lines[:5])
         raise InputError(
