@@ -80,10 +80,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def undo_tallies(conn: sqlite3.Connection) -> None:
-    """Take a store back to before migration 0008_tallies (as an older aiq left it), so a
-    test can take it back further (columns the triggers read cannot be dropped under them)."""
-    for trigger in ("insert", "delete", "update"):
-        conn.execute(f"DROP TRIGGER jobs_tally_{trigger}")
+    """Take a store back to before migration 0008_tallies, as an older aiq left it: the next
+    writing command applies it again, counting every job."""
+    conn.execute("DROP TRIGGER jobs_tally_update")  # else no column they read can be dropped
+    conn.execute("DROP TRIGGER jobs_tally_delete")
     conn.execute("DROP TABLE tallies")
     conn.execute("DROP INDEX jobs_queued_created")
     conn.execute("DELETE FROM migrations WHERE name = '0008_tallies'")
