@@ -6,7 +6,7 @@ the statement's own transaction: a crash cannot leave them out of step with the 
 no write path (nor a hand-made fix with sqlite3) can forget them. A claim, a release, a
 deferral and a sent mark change no tally (queued and running share one tally state): the
 trigger's WHEN skips them. New rows are counted by ``add_queued``, once an add's batch:
-an insert trigger doubled the time of the inserts (bench/tally_cost.py has the figures, and
+an insert trigger took the inserts 55% longer (bench/tally_cost.py has the figures, and
 the explicit updates measured against the triggers).
 
 What a tally cannot hold is read from an index: the running jobs (a run's claimed few), the
@@ -49,23 +49,13 @@ class Tally(NamedTuple):
         return self.cost_usd if self.priced else None
 
 
-TALLY_COLUMNS = (
-    "state, model, error_type, jobs, usable, priced, cost_usd, timeouts, tokens_in, tokens_out, "
-    "tokens_cached, tokens_cache_write, tokens_cache_read, tokens_reasoning"
-)
-
-
+# A tally's figures, in Tally's order after its key.
 _FIGURES = (
     "jobs", "usable", "priced", "cost_usd", "timeouts", "tokens_in", "tokens_out",
     "tokens_cached", "tokens_cache_write", "tokens_cache_read", "tokens_reasoning",
 )  # fmt: skip
-_SUMS = ", ".join(
-    f"?1 * {f}"
-    for f in (
-        "count(*)", "count(tokens_in)", "count(cost_usd)", "coalesce(sum(cost_usd), 0)",
-        "sum(timeouts)", *(f"coalesce(sum({c}), 0)" for c in _FIGURES[5:]),
-    )
-)  # fmt: skip
+TALLY_COLUMNS = f"state, model, error_type, {', '.join(_FIGURES)}"
+# Adds a row's figures to its tally (the key's unique index is the conflict target).
 _UPSERT = (
     f"ON CONFLICT (state, ifnull(model, x'00'), ifnull(error_type, x'00')) DO UPDATE SET "
     f"{', '.join(f'{c} = {c} + excluded.{c}' for c in _FIGURES)}"
