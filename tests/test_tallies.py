@@ -273,3 +273,26 @@ def test_status_reads_no_scan_of_the_jobs_table(tmp_path: Path) -> None:
     on_jobs = [p for p in plans if " jobs " in f"{p} "]
     assert len(on_jobs) == 4, plans  # running, recent, not due, oldest queued
     assert all(p.startswith("SEARCH jobs USING ") for p in on_jobs), on_jobs
+
+
+def test_stats_read_one_moment_of_the_store_while_a_run_commits(tmp_path: Path) -> None:
+    """The tallies and the index ranges are read in one snapshot: a commit between two of
+    the reads cannot make queued = tally - running go wrong."""
+    path = tmp_path / "p.jsonl"
+    write_prompts(path, [(f"c{i}", f"p{i}") for i in range(10)])
+
+    async def scenario() -> None:
+        async with await JobStore.open(tmp_path / "aiq.db") as writer:
+            source = await writer.add_source(str(path), out_path="o", dead_path="d")
+            await add_file(writer, source, read_requests(path, Defaults(model="m")))
+            async with await JobStore.open(tmp_path / "aiq.db", readonly=True) as reader:
+                async with reader.snapshot():
+                    first = await reader.stats(now=NOW)
+                    (job, *_) = await writer.claim(3, now=NOW)
+                    await writer.record([Outcome(job.id, DONE, 1, started_at=NOW)])
+                    assert await reader.stats(now=NOW) == first
+                after = await reader.stats(now=NOW)
+                assert after.counts == {"queued": 7, "running": 2, "done": 1, "dead": 0}
+                assert first.counts["queued"] == 10
+
+    asyncio.run(scenario())

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Self
 from urllib.parse import quote
@@ -165,6 +165,19 @@ class Database:
         that changed any row also counts a change of the store (``changes``), unless
         ``count`` is false (a write that describes the files or the run, not the jobs)."""
         return Transaction(self._db, count=count)
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[None]:
+        """``async with store.snapshot():`` the reads in the body see one state of the store,
+        whatever a run commits meanwhile (a deferred BEGIN: it takes no lock)."""
+        if self._db.in_transaction:  # already one
+            yield
+            return
+        await self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            await rollback(self._db)  # nothing to keep: it only read
 
     async def meta(self, name: str) -> str | None:
         """The ``meta`` row ``name``'s value, if any."""

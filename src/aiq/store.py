@@ -143,7 +143,8 @@ class JobStore(JobQueue):
         sending) if that is later: a run six seconds old has had six seconds to do its jobs.
         """
         now = time.time() if now is None else now
-        return await tallies.read_stats(self._db, now=now, since=since)
+        async with self.snapshot():  # the tallies and the index ranges of one moment
+            return await tallies.read_stats(self._db, now=now, since=since)
 
     async def waiting_models(self) -> set[str | None]:
         """The models the bodies of queued and running jobs name (None: a body naming none)."""
