@@ -6,7 +6,7 @@ the statement's own transaction: a crash cannot leave them out of step with the 
 no write path (nor a hand-made fix with sqlite3) can forget them. A claim, a release, a
 deferral and a sent mark change no tally (queued and running share one tally state): the
 trigger's WHEN skips them. New rows are counted by ``add_queued``, once an add's batch:
-an insert trigger took the inserts 55% longer (bench/tally_cost.py has the figures, and
+an insert trigger took the inserts 35-55% longer (bench/tally_cost.py has the figures, and
 the explicit updates measured against the triggers).
 
 What a tally cannot hold is read from an index: the running jobs (a run's claimed few), the
