@@ -62,6 +62,7 @@ def edit_first_line(path: Path) -> None:
 
 def child(db: str, path: str) -> None:
     """One phase, in this process: add ``path`` to the store at ``db``, print a JSON report."""
+    from aiq.enqueue import add_file
     from aiq.inputs import Defaults
     from aiq.requestfile import read_requests
     from aiq.store import JobStore
@@ -70,7 +71,7 @@ def child(db: str, path: str) -> None:
         store = await JobStore.open(db)
         try:
             source = await store.add_source(path, out_path=path + ".out", dead_path=path + ".dead")
-            c = await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            c = await add_file(store, source, read_requests(path, Defaults(model="m")))
         finally:
             await store.close()
         return {"new": c.new, "known": c.known, "changed": c.changed, "invalid": c.invalid}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -95,3 +96,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section(f"over {_UNMARKED_SLOW_S:g} s, not marked slow")
         for nodeid, seconds in sorted(_unmarked_slow, key=lambda x: -x[1]):
             terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")
+
+
+def undo_tallies(conn: sqlite3.Connection) -> None:
+    """Take a store back to before migration 0008_tallies, as an older aiq left it: the next
+    writing command applies it again, counting every job."""
+    conn.execute("DROP TRIGGER jobs_tally_update")  # else no column they read can be dropped
+    conn.execute("DROP TRIGGER jobs_tally_delete")
+    conn.execute("DROP TABLE tallies")
+    conn.execute("DROP INDEX jobs_queued_created")
+    conn.execute("DELETE FROM migrations WHERE name = '0008_tallies'")

@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, write_prompts
+from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, undo_tallies, write_prompts
 from fakeserver import FakeServer
 
 pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
@@ -165,6 +165,7 @@ def test_a_store_from_before_cost_accounting_is_upgraded_with_its_models(
                    cwd=tmp_path).returncode == 0  # fmt: skip
     db = tmp_path / ".aiq" / "aiq.db"
     with sqlite3.connect(db) as conn:  # back to the schema of 0001_initial
+        undo_tallies(conn)
         conn.execute("ALTER TABLE jobs DROP COLUMN model")
         conn.execute("ALTER TABLE jobs DROP COLUMN cost_usd")
         conn.execute("DELETE FROM migrations WHERE name = '0002_cost'")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, write_prompts
+from conftest import API_KEY, aiq_env, read_jsonl, run_aiq, undo_tallies, write_prompts
 from fakeserver import FakeServer
 
 pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
@@ -237,6 +237,7 @@ def test_a_store_from_before_token_kinds_opens_and_counts_them_from_then_on(
         before = _status(tmp_path)
         db = tmp_path / ".aiq" / "aiq.db"
         with sqlite3.connect(db) as conn:  # back to the schema before 0007_token_kinds
+            undo_tallies(conn)
             for column in ("cached", "cache_write", "cache_read", "reasoning"):
                 conn.execute(f"ALTER TABLE jobs DROP COLUMN tokens_{column}")
             conn.execute("DELETE FROM migrations WHERE name = '0007_token_kinds'")

@@ -16,6 +16,7 @@ import orjson
 from aiq.breaker import Breakers
 from aiq.contract import StateName
 from aiq.dispatch import Dispatcher
+from aiq.enqueue import add_file
 from aiq.inputs import Defaults
 from aiq.records import DONE, Job, Outcome
 from aiq.requestfile import read_requests
@@ -44,7 +45,7 @@ def drive(tmp_path: Path, engine: Engine) -> tuple[dict[StateName, int], Counter
             source = await store.add_source(
                 str(path), out_path=str(tmp_path / "out"), dead_path=str(tmp_path / "dead")
             )
-            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            await add_file(store, source, read_requests(path, Defaults(model="m")))
             progress = Progress(total=JOBS)
             dispatch = Dispatcher(store, progress, concurrency=4, breakers=Breakers())
             taken: Counter[int] = Counter()

@@ -1,4 +1,4 @@
-"""JobStore.enqueue against a real SQLite file: idempotence, growth, re-pointing, sharing, and
+"""aiq.enqueue against a real SQLite file: idempotence, growth, re-pointing, sharing, and
 the prefix a later add skips."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from aiq import bulk
+from aiq import enqueue
 from aiq.contract import JobState
+from aiq.enqueue import add_file, add_lines
 from aiq.inputs import BadLine, Defaults, Request
 from aiq.records import DEAD, DONE, QUEUED, EnqueueCounts, Outcome, k64
 from aiq.requestfile import read_requests
@@ -43,7 +44,7 @@ def add(db: Path, path: Path, defaults: Defaults = M) -> EnqueueCounts:
 async def _add(db: Path, path: Path, defaults: Defaults) -> EnqueueCounts:
     async with await JobStore.open(db) as store:
         source = await store.add_source(str(path), out_path="o", dead_path="d")
-        return await store.enqueue(source, read_requests(path, defaults))
+        return await add_file(store, source, read_requests(path, defaults))
 
 
 def query(db: Path, sql: str, *params: Any) -> list[tuple]:
@@ -67,9 +68,9 @@ def items(db: Path) -> dict[str, str]:
 @pytest.fixture
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Several batches, statements and commits even for a few dozen lines."""
-    monkeypatch.setattr(bulk, "ENQUEUE_BATCH", 7)
-    monkeypatch.setattr(bulk, "ROWS_PER_INSERT", 3)
-    monkeypatch.setattr(bulk, "LINES_PER_COMMIT", 10)
+    monkeypatch.setattr(enqueue, "ENQUEUE_BATCH", 7)
+    monkeypatch.setattr(enqueue, "ROWS_PER_INSERT", 3)
+    monkeypatch.setattr(enqueue, "LINES_PER_COMMIT", 10)
 
 
 def test_first_add_counts_and_stores(tmp_path: Path) -> None:
@@ -111,7 +112,7 @@ def test_readding_reads_nothing_when_unchanged(tmp_path: Path) -> None:
     async def run() -> EnqueueCounts:
         async with await JobStore.open(db) as store:
             source = await store.add_source(str(src), out_path="o", dead_path="d")
-            return await store.enqueue(source, reader)
+            return await add_file(store, source, reader)
 
     c = asyncio.run(run())
     assert reader.skipped is not None and reader.skipped.lines == 2
@@ -225,7 +226,7 @@ def test_a_plain_iterable_forgets_the_stored_prefix(tmp_path: Path) -> None:
     async def enqueue_list() -> EnqueueCounts:
         async with await JobStore.open(db) as store:
             (source,) = await store.sources()
-            return await store.enqueue(source, [req])
+            return await add_lines(store, source, [req])
 
     assert counts(asyncio.run(enqueue_list())) == (0, 0, 1, 0, 1)  # "a" now asks model m2
     assert query(db, "SELECT count(*) FROM prefixes") == [(0,)]
@@ -247,7 +248,7 @@ def test_a_failed_add_leaves_no_prefix_and_can_be_redone(
     async def run() -> None:
         async with await JobStore.open(db) as store:
             source = await store.add_source(str(src), out_path="o", dead_path="d")
-            await store.enqueue(source, failing())
+            await add_lines(store, source, failing())
 
     with pytest.raises(RuntimeError, match="disk on fire"):
         asyncio.run(run())
@@ -271,9 +272,9 @@ def test_interpreter_settings_come_back_after_an_add(tmp_path: Path, small_batch
         async with await JobStore.open(tmp_path / "db") as store:
             source = await store.add_source(str(src), out_path="o", dead_path="d")
             with pytest.raises(RuntimeError):
-                await store.enqueue(source, failing())
+                await add_lines(store, source, failing())
             assert (gc.isenabled(), sys.getswitchinterval()) == before
-            await store.enqueue(source, read_requests(src, M))
+            await add_file(store, source, read_requests(src, M))
 
     asyncio.run(run())
     assert (gc.isenabled(), sys.getswitchinterval()) == before
@@ -317,11 +318,11 @@ def test_the_change_count_moves_with_every_change_and_only_then(tmp_path: Path) 
         async with await JobStore.open(tmp_path / "aiq.db") as store:
             seen.append(await store.changes())
             source = await store.add_source(str(path), out_path="o", dead_path="d")
-            await store.enqueue(source, read_requests(path, M))
+            await add_file(store, source, read_requests(path, M))
             seen.append(await store.changes())
             # The same again: the same paths, no new line, nothing due: no change at all.
             source = await store.add_source(str(path), out_path="o", dead_path="d")
-            await store.enqueue(source, read_requests(path, M))
+            await add_file(store, source, read_requests(path, M))
             await store.recover_running(5)
             await store.undefer()
             assert await store.claim(10, now=-1.0) == []  # none due yet: claims nothing

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from localserver import LocalServer
 
+from aiq.enqueue import add_file
 from aiq.inputs import Defaults
 from aiq.outputs import export_source
 from aiq.providers.anthropic import AnthropicProvider
@@ -154,7 +155,7 @@ async def _through_the_store(tmp: Path, key: str, body: bytes) -> tuple[bytes, d
         source = await store.add_source(
             str(path), out_path=str(tmp / "r.jsonl"), dead_path=str(tmp / "d.jsonl")
         )
-        await store.enqueue(source, read_requests(path, Defaults(model="m")))
+        await add_file(store, source, read_requests(path, Defaults(model="m")))
         provider = OpenAIProvider(_answering(body), base_url="http://h/v1", api_key=key)
         worker = Worker(store, provider, concurrency=1, retry=RetryPolicy(max_attempts=1))
         await asyncio.wait_for(worker.run(), 10)

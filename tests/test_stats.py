@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiq.contract import JobError
+from aiq.enqueue import add_file
 from aiq.inputs import Defaults
 from aiq.records import DEAD, DONE, QUEUED, STATE_NAMES, Outcome, Stats
 from aiq.requestfile import read_requests
@@ -156,7 +157,7 @@ def test_stats_agree_with_a_plain_query_for_each_figure(
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         async with await JobStore.open(tmp / "aiq.db") as store:
             source = await store.add_source(str(path), out_path="o", dead_path="d")
-            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            await add_file(store, source, read_requests(path, Defaults(model="m")))
             jobs = await store.claim(n, now=NOW)
             sent = {j.id for j in jobs if rng.random() < 0.5}  # requests gone out
             await store.record([], sent=sorted(sent))

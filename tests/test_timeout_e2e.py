@@ -17,6 +17,7 @@ import pytest
 from conftest import API_KEY, read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer
 
+from aiq.enqueue import add_file
 from aiq.inputs import Defaults
 from aiq.providers.openai import OpenAIProvider
 from aiq.records import Stats
@@ -75,7 +76,7 @@ def test_a_slow_steady_server_is_never_cut(tmp_path: Path) -> None:
     async def main(server: FakeServer) -> tuple[Worker, Stats]:
         store = await JobStore.open(tmp_path / "s.db")
         source = await store.add_source(str(path), out_path="o", dead_path="d")
-        await store.enqueue(source, read_requests(path, Defaults(model="m")))
+        await add_file(store, source, read_requests(path, Defaults(model="m")))
         transport = AiohttpTransport(max_connections=8)
         provider = OpenAIProvider(transport, base_url=server.base_url, api_key=API_KEY)
         worker = Worker(store, provider, concurrency=8, timeouts=timeouts)
@@ -150,7 +151,7 @@ async def _run_mocked(
     (in-process: a hang's own sleep can be measured), fast retries; the worker and the stats."""
     store = await JobStore.open(tmp_path / "s.db")
     source = await store.add_source(str(path), out_path="o", dead_path="d")
-    await store.enqueue(source, read_requests(path, Defaults(model="m")))
+    await add_file(store, source, read_requests(path, Defaults(model="m")))
     provider = OpenAIProvider(
         httpx.MockTransport(handler), base_url="http://api.test/v1", api_key=API_KEY
     )

@@ -23,6 +23,7 @@ import pytest
 from fakes import Recorder
 
 from aiq.contract import ErrorType, StateName
+from aiq.enqueue import add_file
 from aiq.inputs import Defaults
 from aiq.limiter import RateLimiter
 from aiq.providers.base import ProviderError
@@ -162,7 +163,7 @@ def run_worker(
             source = await store.add_source(
                 str(path), out_path=str(tmp_path / "out"), dead_path=str(tmp_path / "dead")
             )
-            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            await add_file(store, source, read_requests(path, Defaults(model="m")))
             provider = OpenAIProvider(httpx.MockTransport(server), base_url=BASE_URL, api_key=KEY)
             if clock is None:
                 limiter = RateLimiter(clock=lambda: 0.0, sleep=record_sleep)
@@ -473,7 +474,7 @@ def test_a_deferred_job_keeps_its_attempts_and_error_and_a_new_run_brings_it_for
     async def scenario() -> dict[str, tuple[Any, ...]]:
         async with await JobStore.open(tmp_path / "aiq.db") as store:
             source = await store.add_source(str(path), out_path="o", dead_path="d")
-            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            await add_file(store, source, read_requests(path, Defaults(model="m")))
             a, b, c = await store.claim(3, now=t)
             await store.record([retry(a.id, 1, t + 30), retry(c.id, 1, t + 1)])
             assert [j.id for j in await store.claim(3, now=t + 2)] == [c.id]
@@ -504,7 +505,7 @@ def test_jobs_put_back_come_before_untried_ones_once_due(tmp_path: Path) -> None
     async def scenario() -> list[list[str]]:
         async with await JobStore.open(tmp_path / "aiq.db") as store:
             source = await store.add_source(str(path), out_path="o", dead_path="d")
-            await store.enqueue(source, read_requests(path, Defaults(model="m")))
+            await add_file(store, source, read_requests(path, Defaults(model="m")))
 
             async def claim(n: int, now: float) -> list[str]:
                 jobs = await store.claim(n, now=now)

@@ -19,12 +19,13 @@ import httpx
 
 from . import machine, prices, routing
 from .config import Config
+from .database import StoreOutdated
 from .errors import FatalProviderError, StoreError, UsageError
 from .pricing import PRICE_MAX_AGE_DAYS, Price
 from .providers.base import error_message, secret_of
 from .records import STATE_NAMES
 from .registry import endpoint_url
-from .store import JobStore, StoreOutdated
+from .store import JobStore
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 # Statuses that pass with time (besides 5xx): a timeout, "too early", a rate limit.

@@ -170,7 +170,7 @@ class RequestFile:
     def batches(
         self, size: int, *, after: Prefix | None = None
     ) -> Iterator[list[Request | BadLine]]:
-        """What ``read`` yields, in lists of up to ``size`` (the store's bulk path)."""
+        """What ``read`` yields, in lists of up to ``size`` (``enqueue``'s bulk path)."""
         self.skipped = self.prefix = None
         with self._open() as f:
             hasher, p, seen = self._start(f, after)

@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import calibration, machine, routing
+from . import calibration, enqueue, machine, routing
 from .config import Config
 from .contract import StopReason
 from .costs import CostMeter
+from .database import require_store
 from .errors import (
     FatalProviderError,
     InputError,
@@ -36,7 +37,7 @@ from .records import DEAD, EnqueueCounts, Replayed, Source, Stats
 from .replay import replay
 from .requestfile import read_requests
 from .run_records import Export, Progress, RunSummary
-from .store import JobStore, require_store
+from .store import JobStore
 from .text import plural
 from .timeouts import Timeouts
 
@@ -90,7 +91,7 @@ async def _enqueue(
     source = await store.add_source(
         str(resolved), out_path=out or default_out, dead_path=dead or default_dead
     )
-    counts = await store.enqueue(source, read_requests(resolved, config.defaults))
+    counts = await enqueue.add_file(store, source, read_requests(resolved, config.defaults))
     if counts.invalid and not counts.valid:
         shown = "\n".join(f"  {b}" for b in counts.bad_lines[:5])
         raise InputError(
