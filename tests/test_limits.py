@@ -176,11 +176,13 @@ def test_a_provider_down_longer_than_max_outage_stops_the_run_resumably(tmp_path
 
 
 def test_each_model_keeps_to_its_own_limit_in_one_run(tmp_path: Path) -> None:
-    lines = [
-        json.dumps({"custom_id": f"{model}{i}", "model": model, "prompt": f"{model} prompt {i}"})
-        for i in range(40)
-        for model in ("slow", "fast")
-    ]
+    def line(model: str, i: int) -> str:
+        return json.dumps({"custom_id": f"{model}{i}", "model": model, "prompt": f"{model} {i}"})
+
+    # The slow model's bucket (600, full at the start) first, then 40 more of it beside 40 of
+    # the fast one: those 40 must wait for its refill, 10 a second.
+    lines = [line("slow", i) for i in range(600)]
+    lines += [line(model, i) for i in range(600, 640) for model in ("slow", "fast")]
     (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "aiq.yaml").write_text("model_limits:\n  slow: {rpm: 600}\n")  # 10/s
     with FakeServer(latency_s=0.02) as server:
@@ -193,18 +195,19 @@ def test_each_model_keeps_to_its_own_limit_in_one_run(tmp_path: Path) -> None:
     by_model = {
         m: sorted(r.received for r in sent if r.body["model"] == m) for m in ("slow", "fast")
     }
-    assert len(by_model["slow"]) == len(by_model["fast"]) == 40  # each sent once
-    assert len(read_jsonl(tmp_path / "m.results.jsonl")) == 80
-    slow = by_model["slow"]
-    # 600/min, paced at 98%: booked 0.102 s apart, 3.98 s for 39 gaps. What the server sees also
-    # moves with delivery: a first request that opens its connection on a loaded machine
-    # arrived 90 ms late once in CI (3.89 s). Unpaced, the 40 would arrive within ~0.1 s.
-    assert slow[-1] - slow[0] >= 39 * 0.1 - 0.15
+    assert (len(by_model["slow"]), len(by_model["fast"])) == (640, 40)  # each sent once
+    assert len(read_jsonl(tmp_path / "m.results.jsonl")) == 680
+    # The last 20 wait for the refill (the bucket's 600, and what it refilled while they
+    # went, are sent by then): 600/min, paced at 98%, 0.102 s apart, 1.94 s for 19 gaps. What
+    # the server sees also moves with delivery (a request 90 ms late once in CI). Unpaced,
+    # they would arrive within ~0.1 s.
+    slow = by_model["slow"][-20:]
+    assert slow[-1] - slow[0] >= 19 * 0.1 - 0.15
     # No one-second window holds more than 10, give or take one or two sent a little late.
     assert max(sum(t - 1 < u <= t for u in slow) for t in slow) <= 12
     # The fast model is not held back by the slow one's limit: all 40 are sent before the
-    # slow model's tenth (~1 s in). Held back, they would go at its pace, over ~4 s.
-    assert by_model["fast"][-1] < slow[9]
+    # slow model's last 20. Held back, they would go at its pace, behind them.
+    assert by_model["fast"][-1] < slow[0]
 
 
 def test_jobs_a_limiter_deferred_are_due_again_when_the_next_run_starts(tmp_path: Path) -> None:

@@ -66,7 +66,12 @@ class Budget:
     provider's window as its headers last showed it."""
 
     def __init__(
-        self, per_minute: float, *, headroom: float = HEADROOM, configured: bool = True
+        self,
+        per_minute: float,
+        *,
+        headroom: float = HEADROOM,
+        configured: bool = True,
+        outside: bool = False,
     ) -> None:
         if per_minute <= 0:
             raise ValueError("per_minute must be positive")
@@ -98,6 +103,9 @@ class Budget:
         self._seen_full_at = -math.inf  # ...after what the last sample showed
         # Of its refill, what another client on the key spends (per second), and when the
         # bucket was last sampled (``_sync_bucket``).
+        # (Requests only: a token booking is an estimate, and Anthropic reserves max_tokens
+        # on arrival, so a token bucket is emptier than its model by design.)
+        self._learns_outside = outside
         self._outside = 0.0
         self._sampled_at = -math.inf
         self._booked_refill = self._refill  # the refill slots booked ahead were paced at
@@ -260,6 +268,10 @@ class Budget:
         if not self._n_ahead:
             self._ahead_sum = 0.0  # (no float drift left over)
 
+    def booked(self, start: float, end: float) -> float:
+        """What the log holds booked from ``start`` to ``end`` (given back: none)."""
+        return sum(e.cost for e in self._log if start <= e.at <= end)
+
     def forget(self, entry: _Entry) -> None:
         """Take a booking out of the window's count; the pace is left as it is."""
         self._adjust(entry, 0.0)
@@ -389,7 +401,7 @@ class Budget:
         full_at, refill = predicted
         expected = max(0.0, full_at - now) * refill
         # (A bucket full, or predicted so, hides what was spent: nothing to learn.)
-        if self._sampled_at > -math.inf and owed >= 1.0 and expected >= 1.0:
+        if self._learns_outside and self._sampled_at > -math.inf and owed >= 1 and expected >= 1:
             # (Raised faster than lowered: a share guessed low sends into an empty bucket.)
             missing = owed - expected
             tau_s = OUTSIDE_TAU_S if missing > 0 else 2 * OUTSIDE_TAU_S

@@ -26,6 +26,8 @@ from .split_tokens import NO_SPLIT, SplitCost, SplitTokens
 
 __all__ = ["HEADROOM", "WINDOW_S", "Budget", "Limiters", "RateLimiter", "RequestTooLarge", "Ticket"]
 
+# Told a limit, this share of it sent in a window before a 429 is the limit met.
+_MET = 0.9
 # With an injected clock, a sender waiting for its slot looks this often whether it was taken
 # back (on the real one, it is woken).
 _REBOOK_CHECK_S = 0.2
@@ -87,7 +89,7 @@ class RateLimiter:
     ) -> None:
         self._headroom = headroom
         self._wall = wall  # for calendar minutes (a window reported with no reset)
-        self._requests = Budget(rpm, headroom=headroom) if rpm else None
+        self._requests = Budget(rpm, headroom=headroom, outside=True) if rpm else None
         self._tokens = Budget(tpm, headroom=headroom) if tpm else None
         self._clock = clock
         self._sleep = sleep
@@ -408,7 +410,12 @@ class RateLimiter:
                     # those are followed apart, each counted its own way.
                     continue
                 # A limit nobody configured: learn it from the provider.
-                budget = Budget(window.limit, headroom=self._headroom, configured=False)
+                budget = Budget(
+                    window.limit,
+                    headroom=self._headroom,
+                    configured=False,
+                    outside=kind == "requests",
+                )
                 if kind == "requests":
                     self._requests = budget
                 else:
@@ -464,9 +471,16 @@ class RateLimiter:
         ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
         refusal = self._refusal
         sent_at = ticket.sent_at if ticket is not None else None
-        # (A configured request limit whose window no header shows: met, or not its window.)
-        configured = self._requests.per_minute if self._requests is not None else None
-        refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at, configured=configured)
+        # A configured request limit whose window no header shows: met, or not its window.
+        # (What went before the refused request counts, answered or still out: a fixed
+        # window let it in.)
+        met = None
+        if (requests := self._requests) is not None:
+            start = refusal.window_start(now + ends_in)
+            met = requests.booked(start, now if sent_at is None else sent_at) >= (
+                _MET * requests.per_minute
+            )
+        refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at, met=met)
         if refusal.limit is not None:
             self._rebook()  # senders let go, or held for a probe, book again
         # A turn guessed at: wait for the next probe, no longer (the probes are the backoff).

@@ -38,8 +38,6 @@ RAISE_EVERY_S = 10.0
 # next request sent gets through: it must not become one (five in a row of a random 5%: one
 # in three million requests).
 IN_A_ROW = 5
-# Told the limit, this share of it through in a window before a 429 is the limit met.
-_MET = 0.9
 # How late a window's turn may be taken (a guess's margin, a retry-after in whole seconds).
 LATE_S = 1.0
 # A window guessed at is tried this long after the 429 before its guessed turn: a server
@@ -124,23 +122,21 @@ class RefusalLimit:
         *,
         exact: bool,
         sent_at: float | None = None,
-        configured: float | None = None,
+        met: bool | None = None,
     ) -> None:
         """A 429 at ``now`` to a request sent at ``sent_at`` (None: now), from a window that
         turns at ``window_end``: as the server said (``exact``), or as guessed.
 
-        Told the limit (``configured``, per minute), a 429 teaches its window only when about
-        that many got through in it: then the window is the minute the user meant. Fewer
-        is another window (per-second enforcement): the configured pace is kept."""
+        Told the limit, ``met`` says whether about that many went before it in the window
+        (:meth:`window_start`): then the window is the minute the user meant, and it is
+        learned at once; if not, it is another window (per-second enforcement), and the
+        configured pace is kept. Not told (None): five in a row teach one."""
         if not self._in_a_row:
             self._row_from = now if sent_at is None else sent_at
         self._in_a_row += 1
-        if self.limit is None:
-            if configured is not None:
-                if self._count(window_end - SPAN_S - LATE_S) < _MET * configured:
-                    return  # not the configured limit's window
-            elif self._in_a_row < IN_A_ROW:
-                return  # not yet a limit's
+        told = met is not None
+        if self.limit is None and not met and (told or self._in_a_row < IN_A_ROW):
+            return  # not yet a limit's, or not the configured one's window
         if self.paced is not None:
             self._lower(now)
             return
@@ -167,9 +163,7 @@ class RefusalLimit:
             self.limit = max(1.0, got)
             self._booked[k] = self.limit
             return
-        # The turn is a little late (a guess, a whole-second retry-after rounded up, a reply a
-        # latency old), its start too: counted from a second before.
-        start = window_end - SPAN_S - LATE_S
+        start = self.window_start(window_end)
         got = self._count(start)
         if got < 1:
             if self.limit is None:
@@ -181,13 +175,21 @@ class RefusalLimit:
         self._probe_at = math.inf if exact else min(window_end, now + CHECK_S)
         self._probe_out, self._probes = False, 0
 
+    @staticmethod
+    def window_start(window_end: float) -> float:
+        """Where the window turning at ``window_end`` began, as far as counting goes: the
+        turn is a little late (a guess, a whole-second retry-after rounded up, a reply a
+        latency old), its start too, so a second before."""
+        return window_end - SPAN_S - LATE_S
+
     @property
     def probe_at(self) -> float:
         """When the next probe goes (infinity: none is due, the window is known)."""
         return math.inf if self._confirmed else self._probe_at
 
     def _pace(self, now: float) -> None:
-        self.paced = Budget(max(1.0, self._count(now - SPAN_S)), headroom=self._headroom)
+        got = max(1.0, self._count(now - SPAN_S))
+        self.paced = Budget(got, headroom=self._headroom, configured=False)
         self.paced.stop_bursting(now)
         self._raised_at = now
 
