@@ -63,6 +63,19 @@ class Row:
     least: Callable[[int], float] | None = None
 
 
+def yielding_s(jobs: int, rpm: float, other_rpm: float, other_s: float) -> float:
+    """The least time for ``jobs`` from a bucket of ``rpm`` full at the start, beside another
+    client sending ``other_rpm`` for its first ``other_s`` seconds and yielded its share: the
+    bucket's content at once, then the refill less the other's share, then all of it."""
+    refill, beside = rpm / 60, (rpm - other_rpm) / 60
+    left = jobs - rpm
+    if left <= 0:
+        return 0.0
+    if left <= beside * other_s:
+        return left / beside
+    return other_s + (left - beside * other_s) / refill
+
+
 def _rows() -> dict[str, Row]:
     rows: dict[str, Row] = {}
 
@@ -126,19 +139,6 @@ class Result:
     least_s: float
     wall_s: float
     max_in_flight: int
-
-
-def yielding_s(jobs: int, rpm: float, other_rpm: float, other_s: float) -> float:
-    """The least time for ``jobs`` from a bucket of ``rpm`` full at the start, beside another
-    client sending ``other_rpm`` for its first ``other_s`` seconds and yielded its share: the
-    bucket's content at once, then the refill less the other's share, then all of it."""
-    refill, beside = rpm / 60, (rpm - other_rpm) / 60
-    left = jobs - rpm
-    if left <= 0:
-        return 0.0
-    if left <= beside * other_s:
-        return left / beside
-    return other_s + (left - beside * other_s) / refill
 
 
 def least_s(row: Row, t0: float, start: float) -> float:
