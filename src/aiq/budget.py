@@ -32,8 +32,8 @@ _EPSILON_S = 1e-6
 # calendar minute, its cache key the UTC minute): it is taken to refill at the next minute of
 # the clock, this long after, for clocks that differ by a little.
 CALENDAR_MARGIN_S = 0.5
-# Whether senders booked ahead may go now into what a window says is left is looked at most
-# this often: finding out walks every slot booked ahead, and the answer wakes every sender.
+# Senders booked ahead are let go into what a window says is left at most this often: each
+# time wakes every sender. (Whether there is room is looked at on every reply: it costs a sum.)
 REBOOK_EVERY_S = 0.025
 # Another client's share of a bucket is learned this fast: a sample this many tokens emptier
 # than the model said moves the share by one token a second (so a steady share is found in
@@ -431,13 +431,15 @@ class Budget:
         rebook = False
         self._peak = max(self._peak, remaining)
         unseen = self._unseen(now, entry)
-        if self.burst and self._last_at > now and now >= self._rebook_check_at:
-            # (Looked at now and then: what is booked ahead is walked to find it.)
+        # Room for slots booked ahead: they are booked again, at most now and then (each time
+        # wakes every sender). Only a look that finds room waits for the next: a bunch of
+        # replies comes at once, and the first of them may show none where a later one does.
+        room = self.burst and self._last_at > now and remaining - unseen + self._ahead(now) >= 1
+        if room and now >= self._rebook_check_at:
             self._rebook_check_at = now + REBOOK_EVERY_S
-            if remaining - unseen + self._ahead(now) >= 1:
-                rebook = True  # slots booked ahead at the pace may go now
-                self.drop_ahead(now)
-                unseen = self._unseen(now, entry)
+            rebook = True  # slots booked ahead at the pace may go now
+            self.drop_ahead(now)
+            unseen = self._unseen(now, entry)
         self._cap_left, self._cap_until, self._fresh_at = remaining - unseen, until, until
         return rebook
 
