@@ -230,7 +230,7 @@ def test_a_refund_frees_the_window_but_keeps_the_pace() -> None:
     pace slot is not handed back: requests refunded together would be booked again at one
     instant, a burst that a per-second limit answers with more 429s."""
     clock = FakeClock()
-    budget = Budget(2, headroom=1.0)  # 2 a minute: 30 s apart
+    budget = Budget(2, headroom=1.0, configured=False)  # 2 a minute: 30 s apart, paced
     first = budget.book(budget.ready_at(0.0, 1), 1)
     budget.book(budget.ready_at(0.0, 1), 1)  # at 30 s
     assert budget.ready_at(0.0, 1) == pytest.approx(WINDOW_S)  # the window is full until then

@@ -273,7 +273,10 @@ class Budget:
         return sum(e.cost for e in self._log if start <= e.at <= end)
 
     def forget(self, entry: _Entry) -> None:
-        """Take a booking out of the window's count; the pace is left as it is."""
+        """Take a booking out of the window's count, and out of the bucket's drain (the
+        provider did not count it); the pace is left as it is."""
+        if entry.cost and entry.at > self._horizon:
+            self._own_full_at -= entry.cost / self._refill
         self._adjust(entry, 0.0)
 
     def settle(self, entry: _Entry, cost: float) -> None:
@@ -293,7 +296,13 @@ class Budget:
         entry.cost = cost
 
     def sync(
-        self, now: float, reported: Window, entry: _Entry | None = None, *, minute_left_s: float
+        self,
+        now: float,
+        reported: Window,
+        entry: _Entry | None = None,
+        *,
+        minute_left_s: float,
+        refused: bool = False,
     ) -> bool:
         """Follow what the provider says about this budget in the headers of the reply to
         ``entry``'s request; True if slots booked ahead are to be booked again: the limit is
@@ -347,7 +356,9 @@ class Budget:
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
         if self._bucket:
-            return self._sync_bucket(now, remaining, window_limit, predicted) or rebook
+            # (A 429's sample: its own request is in the model, not in the provider's count.)
+            learn = not refused
+            return self._sync_bucket(now, remaining, window_limit, predicted, learn) or rebook
         # What is left may go at once where the provider says its window is short (then
         # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
@@ -376,7 +387,12 @@ class Budget:
         return lower
 
     def _sync_bucket(
-        self, now: float, remaining: float, capacity: float, predicted: tuple[float, float]
+        self,
+        now: float,
+        remaining: float,
+        capacity: float,
+        predicted: tuple[float, float],
+        learn: bool = True,
     ) -> bool:
         """A minute's bucket sampled: ``remaining`` from full. True if a burst begins.
 
@@ -401,7 +417,8 @@ class Budget:
         full_at, refill = predicted
         expected = max(0.0, full_at - now) * refill
         # (A bucket full, or predicted so, hides what was spent: nothing to learn.)
-        if self._learns_outside and self._sampled_at > -math.inf and owed >= 1 and expected >= 1:
+        learn = learn and self._learns_outside and self._sampled_at > -math.inf
+        if learn and owed >= 1 and expected >= 1:
             # (Raised faster than lowered: a share guessed low sends into an empty bucket.)
             missing = owed - expected
             tau_s = OUTSIDE_TAU_S if missing > 0 else 2 * OUTSIDE_TAU_S

@@ -392,9 +392,11 @@ class RateLimiter:
             self._refusal.forget(ticket.window)  # a probe lost: another may go
             ticket.window = None
 
-    def observe(self, info: RateLimitInfo | None, ticket: Ticket | None = None) -> None:
+    def observe(
+        self, info: RateLimitInfo | None, ticket: Ticket | None = None, *, refused: bool = False
+    ) -> None:
         """Follow the provider's rate-limit headers from the reply (or error) to ``ticket``
-        (:meth:`Budget.sync`)."""
+        (:meth:`Budget.sync`); ``refused``: its 429's (the provider did not count it)."""
         if info is None:
             return
         now = self._clock()
@@ -424,7 +426,10 @@ class RateLimiter:
             entry = None
             if ticket is not None:
                 entry = ticket.request if kind == "requests" else ticket.tokens
-            rebook = budget.sync(now, window, entry, minute_left_s=minute_left_s) or rebook
+            rebook = (
+                budget.sync(now, window, entry, minute_left_s=minute_left_s, refused=refused)
+                or rebook
+            )
         if info.split_tokens:
             if self._split is None:
                 started_at = self._first_at if self._first_at is not None else now

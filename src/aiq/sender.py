@@ -285,7 +285,7 @@ class Sender:
     ) -> float | None:
         """Feed a failure to its limiter (and a 429 to auto's size); the delay to honour."""
         limiter = ticket.limiter
-        limiter.observe(err.limits, ticket)
+        limiter.observe(err.limits, ticket, refused=rate_limited)
         if not rate_limited:
             limiter.answered(ticket, through=err.status_code is not None)
             if self._auto is not None and self._auto.refused(self._progress.in_flight):
