@@ -46,7 +46,8 @@ class SharedBucket(SimBucket):
 
 def run(server: SharedBucket, n: int, senders: int, rpm: float | None) -> tuple[list[float], int]:
     """``senders`` at once, each reply ``LATENCY_S`` after its request with the bucket's headers
-    as it is then, each 429 handled as the worker does. Returns send times and 429s."""
+    as it is then, a 429 at once (the fake server's, as OpenAI's: refused on arrival), each
+    handled as the worker does. Returns send times and 429s."""
     clock = SharedClock(1000.0)
     lim = RateLimiter(rpm=rpm, clock=clock, sleep=clock.sleep, wall=lambda: clock.now)
     sent: list[float] = []
@@ -63,8 +64,8 @@ def run(server: SharedBucket, n: int, senders: int, rpm: float | None) -> tuple[
             ok = server.admit(now)
             if ok:
                 sent.append(now)
-            await clock.sleep(LATENCY_S)
-            lim.observe(unlimited_info(requests=server.sample(clock.now)), ticket)
+            await clock.sleep(LATENCY_S if ok else 0.001)  # a 429 comes back at once
+            lim.observe(unlimited_info(requests=server.sample(clock.now)), ticket, refused=not ok)
             if ok:
                 lim.settle(ticket, 0)
                 continue
