@@ -172,9 +172,10 @@ def run(
 
 
 def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
-    from .. import report, runner
+    from .. import report
+    from ..dry_run import forecast_file
 
-    forecast = sync(runner.forecast_file(cfg, file))
+    forecast = sync(forecast_file(cfg, file))
     for bad in forecast.bad_lines[:50]:
         print(f"invalid: {bad}", file=sys.stderr)
     if forecast.invalid > 50:
