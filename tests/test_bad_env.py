@@ -24,10 +24,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import aiq_cmd, aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
+
+from aiq.files import AtomicFile
 
 pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
@@ -458,6 +461,26 @@ def test_an_export_killed_mid_write_leaves_no_file_behind(tmp_path: Path) -> Non
 
     assert not orphan.exists() and in_use.exists()
     assert (tmp_path / "p.results.jsonl").read_bytes() == before
+
+
+def test_a_signal_as_the_temporary_file_opens_leaves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Python runs a signal handler as the call it landed in returns: SIGTERM's SystemExit can
+    # come out of os.open itself, the file made and no descriptor handed back yet.
+    real_open = os.open
+
+    def signalled_as_it_returns(path: str, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, *args, **kwargs)
+        if ".tmp-" not in path:
+            return fd
+        os.close(fd)
+        raise SystemExit(130)
+
+    monkeypatch.setattr(os, "open", signalled_as_it_returns)
+    with pytest.raises(SystemExit), AtomicFile(str(tmp_path / "p.results.jsonl")):
+        pass
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sigterm_mid_export_exits_130_and_keeps_the_old_files(tmp_path: Path) -> None:

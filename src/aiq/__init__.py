@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Config": "config",
     "CostMeter": "costs",
+    "forecast_file": "dry_run",
     "AiqError": "errors",
     "FatalProviderError": "errors",
     "InputError": "errors",
@@ -61,7 +62,6 @@ _EXPORTS = {
     "RunSummary": "run_records",
     "add_file": "runner",
     "export_outputs": "runner",
-    "forecast_file": "runner",
     "replay_dead": "runner",
     "run_batch": "runner",
     "store_status": "runner",
@@ -89,6 +89,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_layers.py)
     from .config import Config
     from .costs import CostMeter
+    from .dry_run import forecast_file
     from .errors import (
         AiqError,
         FatalProviderError,
@@ -121,7 +122,6 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     from .runner import (
         add_file,
         export_outputs,
-        forecast_file,
         replay_dead,
         run_batch,
         store_status,

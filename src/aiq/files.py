@@ -40,6 +40,10 @@ class AtomicFile:
             fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
         except OSError as exc:
             raise cannot_write(self.path, exc) from exc
+        except BaseException:  # SIGTERM handled as os.open returns: the file, but no fd yet
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+            raise
         try:
             self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
         except BaseException:  # SIGTERM (SystemExit) can land right here, before __exit__

@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
 
+from .errors import UsageError
 from .files import AtomicFile
 from .records import DEAD, DONE, Source
 from .run_records import Export
 from .stops import TRUNCATED
 from .store import JobStore
+
+
+def default_outputs(input_path: Path) -> tuple[str, str]:
+    """``<stem>.results.jsonl`` and ``<stem>.dead.jsonl`` beside the input file."""
+    base = input_path.with_suffix("") if input_path.suffix else input_path
+    return f"{base}.results.jsonl", f"{base}.dead.jsonl"
 
 
 def _iso(ts: float | None) -> str | None:
@@ -169,3 +177,28 @@ def _same_files(stamp: dict[str, Any], wanted: dict[str, Any]) -> bool:
         and stamp["results"][:-1] == wanted["results"]
         and stamp["dead"][:-1] == wanted["dead"]
     )
+
+
+async def export_all(
+    store: JobStore,
+    input_path: Path | None,
+    *,
+    order: str = "done",
+    out: str | None = None,
+    dead: str | None = None,
+    skip_unchanged: bool = False,
+) -> list[Export]:
+    """Export ``input_path``'s files (None: every input file's); ``out``/``dead`` name them
+    instead of the paths recorded, for a store of one input file only."""
+    sources = await store.sources()
+    if input_path is not None:
+        wanted = str(input_path.resolve())
+        sources = [s for s in sources if s.path == wanted]
+    elif (out or dead) and len(sources) > 1:
+        raise UsageError("--out/--dead need a single input file; this store has several")
+    return [
+        await export_source(
+            store, s, order=order, results_path=out, dead_path=dead, skip_unchanged=skip_unchanged
+        )
+        for s in sources
+    ]

@@ -10,6 +10,8 @@ writes through the store: the store knows nothing of input files.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -219,3 +221,16 @@ class JobStore(JobQueue):
             cur.arraysize = 1000
             while rows := await cur.fetchmany():
                 yield list(rows)  # plain tuples: the store sets no row factory
+
+
+@contextlib.asynccontextmanager
+async def open_store(
+    path: str | os.PathLike[str], *, readonly: bool = False
+) -> AsyncIterator[JobStore]:
+    """The store at ``path``, closed on exit."""
+    store = await JobStore.open(path, readonly=readonly)
+    try:
+        with store.errors():  # a full disk mid-run: one `error:` line, not a traceback
+            yield store
+    finally:
+        await store.close()

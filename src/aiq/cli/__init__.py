@@ -1,0 +1,26 @@
+"""The ``aiq`` command: parse flags into a Config, call the library, render the result.
+
+One module a group of commands (``batch``: add, run, resume; ``stored``: status, export,
+replay-dead; ``checks``: check, prices), over ``app`` (the typer app, the config, the error
+boundary), ``options`` and ``display``; ``entry.main`` is the console script.
+"""
+
+from __future__ import annotations
+
+from .app import app
+from .batch import add, resume, run
+from .checks import check, prices_command
+from .entry import main
+from .stored import export, replay_dead, status
+
+# Registered here, in the order `aiq --help` lists them.
+app.command()(add)
+app.command()(run)
+app.command()(resume)
+app.command()(status)
+app.command()(check)
+app.command("prices")(prices_command)
+app.command("replay-dead")(replay_dead)
+app.command()(export)
+
+__all__ = ["app", "main"]

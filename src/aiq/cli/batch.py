@@ -1,0 +1,228 @@
+"""``aiq add``, ``aiq run`` (and ``--dry-run``) and ``aiq resume``: a file into the store, and
+the store's jobs sent."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ..errors import AiqError, UsageError
+from ..text import plural
+from .app import guard, load_config, sync
+from .display import Display
+from .options import (
+    AttemptsOpt,
+    BaseUrlOpt,
+    ConcurrencyOpt,
+    ConfigOpt,
+    DbOpt,
+    DeadOpt,
+    DryRunOpt,
+    JsonOpt,
+    LogFileOpt,
+    MaxCostOpt,
+    MaxOutageOpt,
+    MaxRuntimeOpt,
+    MetricsOpt,
+    ModelOpt,
+    OnTruncatedOpt,
+    OrderOpt,
+    OutOpt,
+    ProviderOpt,
+    QuietOpt,
+    RerouteOpt,
+    RpmOpt,
+    StrictOpt,
+    TimeoutOpt,
+    TpmOpt,
+    TracebackOpt,
+    WaitOpt,
+)
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..records import EnqueueCounts
+
+
+def _print_counts(path: Path, c: EnqueueCounts, cfg: Config) -> None:
+    from .. import report
+
+    sys.stderr.writelines(f"{line}\n" for line in report.input_warnings(path, c))
+    print(f"{path}: {report.add_counts(c)} ({plural(c.jobs_added, 'new request')} to send)")
+    if cfg.defaults:
+        print(report.defaults_line(c.defaults))
+
+
+def add(
+    file: Annotated[Path, typer.Argument(help="JSONL file of prompts.")],
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    strict: StrictOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Enqueue a file without running it: prints new / known / changed / invalid."""
+
+    def body() -> None:
+        cfg = load_config(db, config, model=model, strict=strict or None)
+        new = not cfg.db.exists()
+        from .. import runner
+
+        counts = sync(runner.add_file(cfg, file, out=out, dead=dead))
+        _print_counts(file, counts, cfg)
+        if new:  # a mistyped --db would otherwise start a store quietly
+            print(f"new store at {cfg.db}", file=sys.stderr)
+        raise typer.Exit(counts.exit_code)  # 6: lines were skipped, 7: the file was empty
+
+    guard(traceback, body)
+
+
+def _check_wait(wait: float) -> None:
+    if not wait >= 0:  # NaN too
+        raise UsageError(f"--wait {wait:g}: give the seconds to wait for the store, 0 or more")
+
+
+def _run(
+    input_path: Path | None, cfg: Config, out: str | None, dead: str | None,
+    display: Display, wait: float,
+) -> None:  # fmt: skip
+    from .. import runner
+
+    on_added = None if input_path is None else functools.partial(display.added, input_path)
+    try:
+        summary = sync(
+            runner.run_batch(
+                cfg,
+                input_path=input_path,
+                out=out,
+                dead=dead,
+                on_progress=display.progress,
+                on_added=on_added,
+                handle_signals=True,
+                lock_wait_s=wait,
+            )
+        )
+        display.summary(summary)
+    except AiqError as exc:
+        from ..run_records import RunSummary
+
+        if isinstance(exc.summary, RunSummary):
+            display.summary(exc.summary)
+        raise
+    finally:
+        display.close()
+    raise typer.Exit(summary.exit_code)
+
+
+def run(
+    file: Annotated[Path, typer.Argument(help="JSONL file of prompts.")],
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    provider: ProviderOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    rpm: RpmOpt = None,
+    tpm: TpmOpt = None,
+    max_attempts: AttemptsOpt = None,
+    timeout: TimeoutOpt = None,
+    order: OrderOpt = None,
+    strict: StrictOpt = False,
+    max_runtime: MaxRuntimeOpt = None,
+    max_outage: MaxOutageOpt = None,
+    metrics_file: MetricsOpt = None,
+    log_file: LogFileOpt = None,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = 0.0,
+    dry_run: DryRunOpt = False,
+    max_cost: MaxCostOpt = None,
+    on_truncated: OnTruncatedOpt = None,
+    reroute: RerouteOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
+
+    def body() -> None:
+        _check_wait(wait)
+        cfg = load_config(
+            db, config, provider=provider, base_url=base_url, model=model,
+            concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
+            timeout_s=timeout, order=order, strict=strict or None,
+            max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
+            max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
+        )  # fmt: skip
+        if dry_run:
+            _dry_run(file, cfg, as_json)
+        display = Display(quiet, as_json, log_file)
+        if not (quiet or cfg.db.exists()):
+            display.new_store = cfg.db
+        _run(file, cfg, out, dead, display, wait)
+
+    guard(traceback, body)
+
+
+def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
+    from .. import report
+    from ..dry_run import forecast_file
+
+    forecast = sync(forecast_file(cfg, file))
+    for bad in forecast.bad_lines[:50]:
+        print(f"invalid: {bad}", file=sys.stderr)
+    if forecast.invalid > 50:
+        print(f"invalid: … and {forecast.invalid - 50:,} more", file=sys.stderr)
+    if as_json:
+        print(json.dumps(forecast.as_dict()))
+    else:
+        print("\n".join(report.forecast_lines(forecast)))
+    # As the run would exit: 6 if it would skip lines, 7 if the file is empty.
+    raise typer.Exit(6 if forecast.invalid else 0 if forecast.valid else 7)
+
+
+def resume(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    provider: ProviderOpt = None,
+    base_url: BaseUrlOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    rpm: RpmOpt = None,
+    tpm: TpmOpt = None,
+    max_attempts: AttemptsOpt = None,
+    timeout: TimeoutOpt = None,
+    order: OrderOpt = None,
+    max_runtime: MaxRuntimeOpt = None,
+    max_outage: MaxOutageOpt = None,
+    metrics_file: MetricsOpt = None,
+    log_file: LogFileOpt = None,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = 0.0,
+    max_cost: MaxCostOpt = None,
+    on_truncated: OnTruncatedOpt = None,
+    reroute: RerouteOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Carry on with what is queued or was running when a run stopped; export outputs."""
+
+    def body() -> None:
+        _check_wait(wait)
+        cfg = load_config(
+            db, config, provider=provider, base_url=base_url, concurrency=concurrency,
+            rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
+            max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
+            max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
+        )  # fmt: skip
+        _run(None, cfg, out, dead, Display(quiet, as_json, log_file), wait)
+
+    guard(traceback, body)

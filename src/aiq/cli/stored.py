@@ -1,0 +1,80 @@
+"""``aiq status``, ``aiq export`` and ``aiq replay-dead``: what the store holds, read out or
+put back in the queue."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from .app import guard, load_config, sync
+from .options import ConfigOpt, DbOpt, DeadOpt, JsonOpt, OrderOpt, OutOpt, TracebackOpt
+
+
+def status(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Where the store stands: counts by state, rate, ETA, tokens, oldest waiting, errors."""
+
+    def body() -> None:
+        from .. import report, runner
+
+        stats = sync(runner.store_status(load_config(db, config)))
+        if as_json:
+            print(json.dumps(stats.as_dict()))
+        else:
+            print("\n".join(report.status_lines(stats)))
+
+    guard(traceback, body)
+
+
+def replay_dead(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    error: Annotated[
+        str | None, typer.Option("--error", help="Only dead jobs whose last error is TYPE.")
+    ] = None,
+    ids: Annotated[
+        list[str] | None, typer.Option("--id", help="Only this custom_id (repeatable).")
+    ] = None,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Move dead jobs back to the queue with attempts reset (then `aiq resume`)."""
+
+    def body() -> None:
+        from .. import report, runner
+
+        replayed = sync(
+            runner.replay_dead(
+                load_config(db, config), error_type=error, custom_ids=tuple(ids or ())
+            )
+        )
+        print("\n".join(report.replay_lines(replayed)))
+
+    guard(traceback, body)
+
+
+def export(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    order: OrderOpt = None,
+    traceback: TracebackOpt = False,
+) -> None:
+    """(Re)write results and dead-letter files from the store."""
+
+    def body() -> None:
+        from .. import report, runner
+
+        exports = sync(
+            runner.export_outputs(load_config(db, config, order=order), out=out, dead=dead)
+        )
+        for e in exports:
+            print("\n".join(report.export_lines(e)))
+
+    guard(traceback, body)
