@@ -50,7 +50,7 @@ class Prefix:
     ids: bytes = b""
     rules: str = ""  # fingerprint of the rules and defaults it was read under
     invalid: int = 0  # invalid lines, all of them (``bad`` keeps KEEP_BAD_LINES at most)
-    # applied[bits]: valid lines that took those defaults (inputs.APPLIED_*), for the counts
+    # applied[bits]: valid lines that took those defaults (defaults.APPLIED_*), for the counts
     applied: list[int] = field(default_factory=lambda: [0] * MASKS)
 
     def same(self, other: Prefix | None) -> bool:
@@ -104,7 +104,7 @@ class RequestFile:
         self.skipped: Prefix | None = None  # the prefix the last read() skipped, if any
         self.prefix: Prefix | None = None  # what the last complete read() went through
         # applied[bits]: the valid lines of the whole file that took those defaults, once a
-        # read is exhausted (inputs.count_defaults names them)
+        # read is exhausted (defaults.count_defaults names them)
         self.applied: list[int] = [0] * MASKS
 
     def __iter__(self) -> Iterator[Request | BadLine]:
