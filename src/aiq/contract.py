@@ -21,7 +21,7 @@ DEAD: Final = 3
 StateName = Literal["queued", "running", "done", "dead"]
 STATE_NAMES: Final[tuple[StateName, ...]] = get_args(StateName)  # by JobState, in order
 
-# How a provider call failed (ProviderError.error_type). providers/base.py classifies HTTP
+# How a provider call failed (ProviderError.error_type). providers/failures.py classifies HTTP
 # replies into these; the worker adds "outage" when it gives up on a provider.
 ErrorType = Literal[
     "invalid_request",

@@ -22,11 +22,26 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
+
+from .defaults import (
+    APPLIED_MAX_COMPLETION_TOKENS,
+    APPLIED_MAX_TOKENS,
+    APPLIED_MODEL,
+    APPLIED_SYSTEM,
+    APPLIED_TEMPERATURE,
+    WITHHELD_TEMPERATURE,
+    Defaults,
+    is_reasoning_model,
+)
+
+# Named here too, where callers and tests have long imported them.
+from .defaults import DEFAULT_NAMES as DEFAULT_NAMES
+from .defaults import MASKS as MASKS
+from .defaults import count_defaults as count_defaults
 
 if TYPE_CHECKING:
     from .idset import IdSet
@@ -66,49 +81,7 @@ _KEY_HEADS = {e: hashlib.sha256(KEY_TAG + e.encode() + b"\n") for e in (*ENDPOIN
 _loads, _dumps, _blake2b, _new_tuple = orjson.loads, orjson.dumps, hashlib.blake2b, tuple.__new__
 
 
-# Which defaults a line took (Request.applied), as bits, for `add` and `--dry-run` to count.
-APPLIED_MODEL = 1
-APPLIED_MAX_TOKENS = 2
-APPLIED_MAX_COMPLETION_TOKENS = 4  # the config's max_tokens, for a reasoning model
-APPLIED_TEMPERATURE = 8
-APPLIED_SYSTEM = 16
-WITHHELD_TEMPERATURE = 32  # the config's temperature, not added: a reasoning model refuses it
-DEFAULT_NAMES = {
-    APPLIED_MODEL: "model",
-    APPLIED_MAX_TOKENS: "max_tokens",
-    APPLIED_MAX_COMPLETION_TOKENS: "max_tokens (as max_completion_tokens)",
-    APPLIED_TEMPERATURE: "temperature",
-    APPLIED_SYSTEM: "system",
-    WITHHELD_TEMPERATURE: "temperature withheld",
-}
 _INSTRUCTION_ROLES = frozenset({"system", "developer"})
-
-
-def count_defaults(masks: Sequence[int]) -> dict[str, int]:
-    """Lines per default (DEFAULT_NAMES), from ``masks[bits]``: lines that took those bits."""
-    counts = dict.fromkeys(DEFAULT_NAMES.values(), 0)
-    for bits, lines in enumerate(masks):
-        for bit, name in DEFAULT_NAMES.items():
-            if bits & bit:
-                counts[name] += lines
-    return {name: n for name, n in counts.items() if n}
-
-
-MASKS = 64  # the distinct values of Request.applied
-
-
-@dataclass(frozen=True, slots=True)
-class Defaults:
-    """Body defaults from config and flags, applied to lines that leave them out."""
-
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    system: str | None = None
-
-    def __bool__(self) -> bool:
-        """Whether any default is set."""
-        return any(v is not None for v in astuple(self))
 
 
 class Request(NamedTuple):
@@ -195,18 +168,6 @@ def _check_messages(messages: Any, field: str) -> None:
             raise LineError(f"field {field}[{i}]: expected an object with a string 'role'")
 
 
-def is_reasoning_model(model: str) -> bool:
-    """Whether ``model`` is one of OpenAI's reasoning models (o1, o3, o4-mini, gpt-5 …).
-
-    They reject ``max_tokens`` (they take ``max_completion_tokens``, which counts the reasoning
-    tokens too) and any ``temperature`` but the default, unless told ``reasoning_effort:
-    "none"`` (gpt-5.1 on). ``gpt-5-chat-*`` is not one. A gateway's ``openai/`` prefix and a
-    fine-tune's ``ft:`` are looked through.
-    """
-    return _REASONING.match(model.rsplit("/", 1)[-1].removeprefix("ft:")) is not None
-
-
-_REASONING = re.compile(r"(?:o[1-9][0-9]*(?:-|$)|gpt-5(?!-chat)|codex-mini)")
 _REASONING_OF: dict[str, bool] = {}  # by model name: a file names a few, looked up per line
 
 
@@ -235,7 +196,7 @@ def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults, complete: 
         raise LineError("field 'model': missing; give --model or set `model` in the config")
     if endpoint == EMBEDDINGS:
         return applied
-    # The line's own fields are checked whatever the defaults.
+    # The line's own fields are checked whatever the defaults (inline: this runs every line).
     ceiling = False
     if "max_tokens" in body:
         _expect(body, "max_tokens", (int,), "an integer")
@@ -247,9 +208,17 @@ def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults, complete: 
         _expect(body, "max_output_tokens", (int,), "an integer")
     if "temperature" in body:
         _expect(body, "temperature", (int, float), "a number")
-    if complete:
+    if complete or (d.max_tokens is None and d.temperature is None and d.system is None):
         return applied
-    # Only chat and prompt lines (chat completions) from here.
+    return applied | _chat_defaults(body, d, ceiling)
+
+
+def _chat_defaults(body: dict[str, Any], d: Defaults, ceiling: bool) -> int:
+    """The config's max_tokens, temperature and system for a chat or prompt line (``ceiling``:
+    it sets its own max_tokens or max_completion_tokens), as the line's model takes them: a
+    reasoning model's ceiling is max_completion_tokens, and it refuses a temperature unless
+    told ``reasoning_effort: "none"``."""
+    applied = 0
     reasoning: bool | None = False
     if d.max_tokens is not None or d.temperature is not None:
         model = body["model"]
@@ -259,10 +228,10 @@ def _apply_defaults(endpoint: str, body: dict[str, Any], d: Defaults, complete: 
     if d.max_tokens is not None and not ceiling:
         if reasoning:  # what the config's ceiling means to them (reasoning tokens included)
             body["max_completion_tokens"] = d.max_tokens
-            applied |= APPLIED_MAX_COMPLETION_TOKENS
+            applied = APPLIED_MAX_COMPLETION_TOKENS
         else:
             body["max_tokens"] = d.max_tokens
-            applied |= APPLIED_MAX_TOKENS
+            applied = APPLIED_MAX_TOKENS
     if d.temperature is not None and "temperature" not in body:
         if reasoning and body.get("reasoning_effort") != "none":
             applied |= WITHHELD_TEMPERATURE

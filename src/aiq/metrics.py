@@ -27,18 +27,8 @@ class RunClock:
 
 def render(p: Progress, clock: RunClock, stats: Stats | None = None) -> str:
     """The metrics text. With ``stats`` (the end of a run) job counts come from the store."""
-    if stats is not None:
-        counts = dict(stats.counts)
-        oldest = stats.oldest_queued_s or 0.0
-    else:
-        running = p.in_flight
-        queued = max(0, p.total - p.done - p.dead - running)
-        counts = {"queued": queued, "running": running, "done": p.done, "dead": p.dead}
-        oldest = None
     lines = [
-        "# HELP aiq_jobs Jobs in the store by state.",
-        "# TYPE aiq_jobs gauge",
-        *(f'aiq_jobs{{state="{state}"}} {n}' for state, n in counts.items()),
+        *_job_lines(p, stats),
         "# HELP aiq_tokens_total Tokens used by this run, from the providers' usage.",
         "# TYPE aiq_tokens_total counter",
         f'aiq_tokens_total{{direction="in"}} {p.tokens_in}',
@@ -65,6 +55,35 @@ def render(p: Progress, clock: RunClock, stats: Stats | None = None) -> str:
         "# HELP aiq_in_flight Requests in flight.",
         "# TYPE aiq_in_flight gauge",
         f"aiq_in_flight {p.in_flight}",
+        *_clock_lines(clock),
+    ]
+    if stats is not None:
+        lines += [
+            "# HELP aiq_oldest_queued_age_seconds Age of the oldest queued job.",
+            "# TYPE aiq_oldest_queued_age_seconds gauge",
+            f"aiq_oldest_queued_age_seconds {stats.oldest_queued_s or 0.0:.1f}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _job_lines(p: Progress, stats: Stats | None) -> list[str]:
+    """Jobs by state: the store's count at the end of a run, else the run's own reckoning."""
+    if stats is not None:
+        counts = dict(stats.counts)
+    else:
+        running = p.in_flight
+        queued = max(0, p.total - p.done - p.dead - running)
+        counts = {"queued": queued, "running": running, "done": p.done, "dead": p.dead}
+    return [
+        "# HELP aiq_jobs Jobs in the store by state.",
+        "# TYPE aiq_jobs gauge",
+        *(f'aiq_jobs{{state="{state}"}} {n}' for state, n in counts.items()),
+    ]
+
+
+def _clock_lines(clock: RunClock) -> list[str]:
+    """When the run started and, once it has, when it ended and how."""
+    lines = [
         "# HELP aiq_last_run_start_timestamp_seconds When the last run started.",
         "# TYPE aiq_last_run_start_timestamp_seconds gauge",
         f"aiq_last_run_start_timestamp_seconds {clock.started_at:.3f}",
@@ -78,13 +97,7 @@ def render(p: Progress, clock: RunClock, stats: Stats | None = None) -> str:
             "# TYPE aiq_last_run_exit_code gauge",
             f"aiq_last_run_exit_code {clock.exit_code}",
         ]
-    if oldest is not None:
-        lines += [
-            "# HELP aiq_oldest_queued_age_seconds Age of the oldest queued job.",
-            "# TYPE aiq_oldest_queued_age_seconds gauge",
-            f"aiq_oldest_queued_age_seconds {oldest:.1f}",
-        ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 class MetricsWriter:

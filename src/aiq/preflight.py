@@ -1,8 +1,9 @@
 """``aiq check``: is everything in place for a run? Config, key, endpoint, model, prices, store.
 
-Each check gives one Finding: ``ok``, ``warn`` (works, but may surprise) or ``FAIL`` with what to
-do. Nothing is sent that costs tokens: the endpoint and the model are confirmed through the
-provider's model list (``GET /models``), and the store is opened read-only.
+Each check gives one Finding (``check_records.py``): ``ok``, ``warn`` (works, but may surprise)
+or ``FAIL`` with what to do. Nothing is sent that costs tokens: the endpoint and the model are
+confirmed through the provider's model list (``GET /models``), and the store is opened
+read-only.
 """
 
 from __future__ import annotations
@@ -10,67 +11,27 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from . import machine, prices, routing
+from .check_records import FAIL, OK, WARN, CheckReport, Finding
 from .config import Config
 from .database import StoreOutdated
-from .errors import FatalProviderError, StoreError, UsageError
+from .errors import StoreError, UsageError
 from .pricing import PRICE_MAX_AGE_DAYS, Price
-from .providers.base import error_message, secret_of
+from .providers.failures import error_message, secret_of
 from .records import STATE_NAMES
 from .registry import endpoint_url
 from .store import JobStore
 
-OK, WARN, FAIL = "ok", "warn", "FAIL"
 # Statuses that pass with time (besides 5xx): a timeout, "too early", a rate limit.
 _PASSING = frozenset({408, 425, 429})
 # A bound on requests in flight below this is worth a warning: 30,000 requests a minute at 3 s
 # need ~1,500 at once.
 _FEW_IN_FLIGHT = 1_000
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One line of ``aiq check``. A failure of the provider (key refused, model missing,
-    endpoint down) exits 4; of the config, environment or store, 2 (DESIGN.md)."""
-
-    status: str  # OK, WARN or FAIL
-    subject: str
-    message: str
-    fix: str | None = None
-    provider: bool = False  # the provider's side, not the config's or the machine's
-
-    def __str__(self) -> str:
-        fix = f"  → {self.fix}" if self.fix and self.status != OK else ""
-        return f"{self.status:<4} {self.subject}: {self.message}{fix}"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "subject": self.subject,
-            "message": self.message,
-            "fix": self.fix,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class CheckReport:
-    """Every finding, in order, and the exit code they add up to."""
-
-    findings: list[Finding]
-
-    @property
-    def exit_code(self) -> int:
-        failed = [f for f in self.findings if f.status == FAIL]
-        if any(not f.provider for f in failed):
-            return UsageError.exit_code
-        return FatalProviderError.exit_code if failed else 0
 
 
 async def run_checks(

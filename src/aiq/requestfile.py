@@ -19,18 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from .defaults import MASKS, Defaults
 from .errors import InputError
 from .idset import IdSet
-from .inputs import (
-    KEEP_BAD_LINES,
-    MASKS,
-    BadLine,
-    Defaults,
-    LineError,
-    Request,
-    parse_line,
-    rules_fingerprint,
-)
+from .inputs import KEEP_BAD_LINES, BadLine, LineError, Request, parse_line, rules_fingerprint
 
 _BOM = b"\xef\xbb\xbf"
 _BLOCK = 1 << 20  # read size; a line longer than this is joined across reads
@@ -58,7 +50,7 @@ class Prefix:
     ids: bytes = b""
     rules: str = ""  # fingerprint of the rules and defaults it was read under
     invalid: int = 0  # invalid lines, all of them (``bad`` keeps KEEP_BAD_LINES at most)
-    # applied[bits]: valid lines that took those defaults (inputs.APPLIED_*), for the counts
+    # applied[bits]: valid lines that took those defaults (defaults.APPLIED_*), for the counts
     applied: list[int] = field(default_factory=lambda: [0] * MASKS)
 
     def same(self, other: Prefix | None) -> bool:
@@ -112,7 +104,7 @@ class RequestFile:
         self.skipped: Prefix | None = None  # the prefix the last read() skipped, if any
         self.prefix: Prefix | None = None  # what the last complete read() went through
         # applied[bits]: the valid lines of the whole file that took those defaults, once a
-        # read is exhausted (inputs.count_defaults names them)
+        # read is exhausted (defaults.count_defaults names them)
         self.applied: list[int] = [0] * MASKS
 
     def __iter__(self) -> Iterator[Request | BadLine]:
@@ -175,23 +167,18 @@ class RequestFile:
         with self._open() as f:
             hasher, p, seen = self._start(f, after)
             growing: Request | None = None  # an unterminated last line: it may still grow
-            name, defaults, bad, valid, applied = (
-                self.name, self.defaults, p.bad, p.valid, p.applied
-            )  # fmt: skip
+            name, defaults, valid, applied = self.name, self.defaults, p.valid, p.applied
             out: list[Request | BadLine] = []
             resumable = True  # False once _blocks skipped a line
+            # The loop over lines is the hot path of `aiq add`: locals only, one call a line.
             for block, whole in _blocks(f):
                 if block is _TOO_LONG:
                     p.lines += 1
                     out.append(BadLine(name, p.lines, _too_long()))
                     resumable = False
                     continue
-                text = block[3:] if p.size == 0 and block.startswith(_BOM) else block
-                lines = text.split(b"\n")
-                if whole:
-                    lines.pop()  # the empty string after the last newline
                 line_no = p.lines
-                for raw in lines:
+                for raw in _lines(block, whole, p.size == 0):
                     line_no += 1
                     raw = raw.strip()
                     if not raw:
@@ -199,11 +186,7 @@ class RequestFile:
                     try:
                         req = parse_line(raw, line_no, defaults, seen)
                     except LineError as exc:
-                        out.append(BadLine(name, line_no, _reason(exc, whole)))
-                        if whole:
-                            p.invalid += 1
-                            if len(bad) < KEEP_BAD_LINES:
-                                bad.append((line_no, str(exc)))
+                        out.append(_bad_line(p, name, line_no, exc, whole))
                     else:
                         out.append(req)
                         if whole:
@@ -220,15 +203,43 @@ class RequestFile:
                     p.lines = line_no
             if out:
                 yield out
-            self.applied = [*applied]
-            if growing is not None:
-                seen.discard(growing.id_hash.to_bytes(8, "big", signed=True))
-                self.applied[growing.applied] += 1
             p.valid = valid
-            p.sha256 = hasher.digest()
-            p.ids = seen.to_bytes()
-            # A skipped line's bytes were neither hashed nor counted: the next read reads all.
-            self.prefix = p if resumable else None
+            self._finish(p, hasher, seen, growing, resumable)
+
+    def _finish(
+        self, p: Prefix, hasher: Any, seen: IdSet, growing: Request | None, resumable: bool
+    ) -> None:
+        """Once a read is exhausted: the file's counts, and ``prefix`` describing its whole
+        lines. An unterminated last line counts for the file but not for the prefix: a later
+        read, of a file that has grown, reads it again."""
+        self.applied = [*p.applied]
+        if growing is not None:
+            seen.discard(growing.id_hash.to_bytes(8, "big", signed=True))
+            self.applied[growing.applied] += 1
+        p.sha256 = hasher.digest()
+        p.ids = seen.to_bytes()
+        # A skipped line's bytes were neither hashed nor counted: the next read reads all.
+        self.prefix = p if resumable else None
+
+
+def _lines(block: bytes, whole: bool, at_start: bool) -> list[bytes]:
+    """The lines of a block, unstripped (a BOM at the start of the file cut off), without
+    the empty string after the last newline of a block of whole lines."""
+    text = block[3:] if at_start and block.startswith(_BOM) else block
+    lines = text.split(b"\n")
+    if whole:
+        lines.pop()
+    return lines
+
+
+def _bad_line(p: Prefix, name: str, line_no: int, exc: LineError, whole: bool) -> BadLine:
+    """The BadLine of an invalid line, counted in ``p`` when whole (the unterminated last
+    line may yet be finished, so it is not part of a prefix)."""
+    if whole:
+        p.invalid += 1
+        if len(p.bad) < KEEP_BAD_LINES:
+            p.bad.append((line_no, str(exc)))
+    return BadLine(name, line_no, _reason(exc, whole))
 
 
 def _reason(exc: LineError, whole: bool) -> str:
