@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .contract import OnTruncated, Order, ProviderName
+from .contract import OnTruncated, Order, ProviderName, Via
 from .errors import UsageError
 from .inputs import Defaults
 from .pricing import Price, price_table
@@ -68,6 +68,9 @@ class Config:
     prices: Mapping[str, Price] = field(default_factory=dict)
     metrics_file: str | None = None  # Prometheus textfile, rewritten during and after a run
     order: Order = "done"
+    # How jobs are sent: one call each, or through the provider's batch engine
+    # (aiq.batch_engine); recorded in the store, so resume and cron go on the same way.
+    via: Via = "online"
     strict: bool = False
     simulated_latency_s: float = 0.5
     simulated_error_rate: float = 0.05
@@ -137,6 +140,7 @@ class Config:
             api_key_env=self.api_key_env,
             model=self.model,
             max_tokens=self.max_tokens,
+            via=self.via,
         )
 
     def aimed_at(self, stored: Target) -> Config:

@@ -53,6 +53,11 @@ Order = Literal["done", "input"]
 # What a run does with a reply cut off at max_tokens (aiq.stops).
 OnTruncated = Literal["keep", "dead"]
 
+# How a run sends its jobs (issue 15): one call each, the flex tier, the provider's batch
+# engine, or the cheapest that meets a deadline. Only online and batch are built so far.
+Via = Literal["online", "flex", "batch", "auto"]
+
 PROVIDER_NAMES: Final[tuple[ProviderName, ...]] = get_args(ProviderName)
 ORDERS: Final[tuple[Order, ...]] = get_args(Order)
 ON_TRUNCATED: Final[tuple[OnTruncated, ...]] = get_args(OnTruncated)
+VIAS: Final[tuple[Via, ...]] = get_args(Via)

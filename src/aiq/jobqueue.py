@@ -36,11 +36,14 @@ class JobQueue(Database):
                     "UPDATE jobs SET state = ?, lease_until = NULL, finished_at = ?, "
                     "error_type = 'crashed', error_message = 'aiq stopped ' || attempts || "
                     "' times while this request was in flight (killed or crashed); not retried "
-                    "after --max-attempts' WHERE state = ? AND attempts >= ?",
+                    "after --max-attempts' WHERE state = ? AND attempts >= ? AND batch_id IS NULL",
                     (DEAD, now, RUNNING, max_attempts),
                 )
+            # A job in an open batch (batch_id) is the provider's: the batch is adopted instead.
             cur = await self._db.execute(
-                "UPDATE jobs SET state = ?, lease_until = NULL WHERE state = ?", (QUEUED, RUNNING)
+                "UPDATE jobs SET state = ?, lease_until = NULL "
+                "WHERE state = ? AND batch_id IS NULL",
+                (QUEUED, RUNNING),
             )
         return cur.rowcount
 

@@ -244,4 +244,35 @@ MIGRATIONS: list[tuple[str, str]] = [
         BEGIN {_tally("OLD", "-")} {_tally("NEW", "")} END;
         """,
     ),
+    (
+        # The provider's own batch engine (aiq.batch_engine, issue 15). A batch is planned with
+        # its jobs before any call, then each step's answer is written before the next call
+        # (uploaded: input_file_id; created: provider_batch_id; ingested), so a run killed at
+        # any instant finds what it did. A job in an open batch is running with its batch_id:
+        # recover_running leaves it there (the provider has it), ingest clears it. Requeued
+        # counts why lines came back without costing an attempt (expired, cancelled, missing,
+        # failed), for status.
+        "0010_batches",
+        """
+        CREATE TABLE batches (
+            id INTEGER PRIMARY KEY,
+            provider TEXT NOT NULL,
+            endpoint TEXT NOT NULL,
+            model TEXT,
+            step TEXT NOT NULL,             -- planned, uploaded, created, ingested
+            state TEXT,                     -- the provider's: validating ... completed, expired
+            requests INTEGER NOT NULL,
+            input_file_id TEXT,
+            provider_batch_id TEXT,
+            output_file_id TEXT,
+            error_file_id TEXT,
+            counts TEXT,                    -- the provider's request_counts, as last polled
+            requeued TEXT,                  -- JSON {reason: lines} once ingested
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        ALTER TABLE jobs ADD COLUMN batch_id INTEGER;
+        CREATE INDEX jobs_batch ON jobs (batch_id) WHERE batch_id IS NOT NULL;
+        """,
+    ),
 ]

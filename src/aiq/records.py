@@ -13,7 +13,7 @@ from .contract import DONE as DONE
 from .contract import QUEUED as QUEUED
 from .contract import RUNNING as RUNNING
 from .contract import STATE_NAMES as STATE_NAMES
-from .contract import JobError, JobState, ProviderName, StateName
+from .contract import JobError, JobState, ProviderName, StateName, Via
 from .errors import EMPTY_INPUT, SKIPPED_LINES
 from .inputs import BadLine
 from .usage import TokenKinds, Usage
@@ -48,6 +48,7 @@ class Target:
     api_key_env: str
     model: str | None = None
     max_tokens: int | None = None
+    via: Via = "online"  # how its jobs were last sent: resume goes on the same way
 
     @property
     def where(self) -> str:
@@ -65,6 +66,7 @@ class Target:
             "api_key_env": self.api_key_env,
             "model": self.model,
             "max_tokens": self.max_tokens,
+            "via": self.via,
         }
 
     @classmethod
@@ -75,6 +77,7 @@ class Target:
             api_key_env=d["api_key_env"],
             model=d.get("model"),
             max_tokens=d.get("max_tokens"),
+            via=d.get("via", "online"),
         )
 
 

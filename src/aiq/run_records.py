@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .batch_records import BatchRun
 from .contract import OnTruncated, StopReason
 from .errors import FatalProviderError, Interrupted, LimitReached
 from .records import EnqueueCounts, Stats
@@ -94,6 +95,8 @@ class RunSummary:
     stopped: StopReason | None = None
     duration_s: float = 0.0
     on_truncated: OnTruncated = "keep"  # what the run did with replies cut off at max_tokens
+    batch: BatchRun | None = None  # what a run --via batch submitted and collected
+    fatal: Exception | None = None  # the error that stopped a run --via batch, if one did
 
     @property
     def exit_code(self) -> int:

@@ -74,13 +74,20 @@ async def run_batch(
     progress_interval_s: float = 0.5,
     handle_signals: bool = False,
     lock_wait_s: float = 0.0,
+    detach: bool = False,
+    on_note: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """``aiq run FILE`` (with ``input_path``) or ``aiq resume`` (without).
 
     Holds the store's lock throughout, recovers jobs a dead run left ``running``, works until
     nothing is due, then exports every input file's results and dead letters. ``on_added``
-    hears what the file added (and its invalid lines) before anything is sent.
+    hears what the file added (and its invalid lines) before anything is sent. With
+    ``config.via`` batch, the provider's batch engine sends them (aiq.batch_engine):
+    ``on_note`` hears each batch's steps, and ``detach`` returns once they are submitted.
     """
+    from .batch_run import check_via
+
+    check_via(config)
     started = time.monotonic()
     if input_path is None:
         require_store(config.db)  # resume
@@ -90,6 +97,16 @@ async def run_batch(
     with no_store_left_on_bad_input(config.db):
         async with StoreLock(config.db, wait_s=lock_wait_s) as lock, open_store(config.db) as store:
             config, added = await _ready(store, config, lock, input_path, out, dead, on_added)
+            check_via(config)  # as the store recorded it, for a resume
+            if config.via == "batch":
+                summary = await _batch_run(
+                    store, config, input_path, out, dead, added, detach=detach,
+                    note=on_note or (lambda _: None), handle_signals=handle_signals,
+                )  # fmt: skip
+                summary.duration_s = time.monotonic() - started
+                if summary.fatal is not None:
+                    raise FatalProviderError(str(summary.fatal), summary=summary)
+                return summary
             worker, transport = await _worker(store, config)
             tick = _ticker(on_progress, metrics)
             try:
@@ -106,6 +123,29 @@ async def run_batch(
                 metrics.finish(worker.progress, summary.stats, summary.exit_code)
     summary.duration_s = time.monotonic() - started
     _raise_if_fatal(worker, summary)
+    return summary
+
+
+async def _batch_run(
+    store: JobStore, config: Config, input_path: Path | None, out: str | None,
+    dead: str | None, added: EnqueueCounts | None, *, detach: bool,
+    note: Callable[[str], None], handle_signals: bool,
+) -> RunSummary:  # fmt: skip
+    """The run's jobs through the provider's batch engine, then exported as online."""
+    from .batch_run import work_batches
+
+    stats = await store.stats()
+    progress = Progress(total=stats.total, done=stats.counts["done"], dead=stats.counts["dead"])
+    batch, stopped, fatal = await work_batches(
+        store, config, progress, detach=detach, note=note, handle_signals=handle_signals
+    )
+    exports = await export_all(
+        store, input_path, order=config.order, out=out, dead=dead, skip_unchanged=True
+    )
+    summary = RunSummary(
+        added=added, progress=progress, stats=await store.stats(), exports=exports,
+        stopped=stopped, on_truncated=config.on_truncated, batch=batch, fatal=fatal,
+    )  # fmt: skip
     return summary
 
 

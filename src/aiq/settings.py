@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .contract import ON_TRUNCATED, ORDERS
+from .contract import ON_TRUNCATED, ORDERS, VIAS
 from .pricing import Price, parse_prices
 from .registry import SPECS
 
@@ -181,6 +181,7 @@ SETTINGS: dict[str, tuple[Check, str]] = {
     "metrics_file": (_optional(_text()), "the path of a file to write metrics to"),
     "order": (_one_of(*ORDERS), " | ".join(ORDERS)),
     "on_truncated": (_one_of(*ON_TRUNCATED), " | ".join(ON_TRUNCATED)),
+    "via": (_one_of(*VIAS), " | ".join(VIAS)),
     "strict": (_yes_no, "true or false"),
     "reroute": (_yes_no, "true or false"),
     "simulated_latency_s": (_number(0), "a number of seconds, 0 or more"),

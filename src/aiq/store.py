@@ -2,7 +2,8 @@
 
 The store is the single source of truth; output files are views of it. Its layers, each
 a module: the file itself (``database``: opening, pragmas, migrations, transactions, error
-advice), the queue a run works (``jobqueue``: claim, record, release, recover, replay), and
+advice), the queue a run works (``jobqueue``: claim, record, release, recover, replay), the
+batches a provider's batch engine works (``batchqueue``), and
 here the sources, the meta and export stamps, and the reads. Where the store stands comes
 from the counts kept as jobs change (``tallies``). Adding lines is ``enqueue``'s, which
 writes through the store: the store knows nothing of input files.
@@ -19,8 +20,8 @@ from typing import Any
 import orjson
 
 from . import tallies
+from .batchqueue import BatchQueue
 from .inputs import custom_id_hash
-from .jobqueue import JobQueue
 from .records import DEAD, DONE, QUEUED, RUNNING, Source, Stats, Target
 
 # What result_rows can select: a column of the item (its input line) or of its job.
@@ -38,7 +39,7 @@ _RESULT_SQL = {
 RESULT_COLUMNS = tuple(_RESULT_SQL)
 
 
-class JobStore(JobQueue):
+class JobStore(BatchQueue):
     """The job queue in one SQLite file. Open with ``await JobStore.open(path)``."""
 
     # -- what the outputs were written from ------------------------------------------------

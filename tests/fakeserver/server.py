@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from . import anthropic, faults
+from .batches import Batches
 from .exchange import LoggedRequest, _Exchange, most_in_window
 from .limits import _RateLimiter
 from .modes import Cost, Mode
@@ -131,6 +132,7 @@ class FakeServer:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self.batches = Batches(self)  # the Files and Batches API, with its own knobs
 
     def _check_knobs(self) -> None:
         """Refuse settings that would make a test silently meaningless."""
@@ -191,7 +193,8 @@ class FakeServer:
         slots = self.limit_mode.slots if self.limit_mode is not None else None
         slots = slots or self.max_parallel
         self._slots = asyncio.Semaphore(slots) if slots else None
-        app = web.Application()
+        app = web.Application(client_max_size=1024**3)  # batch input files of up to 200 MB
+        self.batches.routes(app)  # before the catch-all POST
         app.router.add_post("/v1/{endpoint:.*}", self._handle_post)
         app.router.add_get("/v1/models", self._handle_models)
         # No access log: it costs more than the handler at benchmark rates. A short shutdown
@@ -310,6 +313,13 @@ class FakeServer:
         if drawn is None:
             return self._reply(ex, 200, self._build(path, body, ex.prompt, ex.cost))
         return await faults.inject(self, ex, path, *drawn)
+
+    def batch_reply(self, path: str, body: Any, prompt: str) -> tuple[int, dict]:
+        """A batch line's response: the status and body an online call would get, by the
+        same markers (a permanent 400 for the reject marker), without faults or limits."""
+        if isinstance(body, dict) and faults.rejects(self, path, body, prompt):
+            return 400, error_body(400, "The request was rejected as invalid.")
+        return 200, self._build(path, body, prompt)
 
     async def _serve(self, seconds: float) -> None:
         """The model's work on one request: ``seconds``, in one of the mode's slots if any.

@@ -22,6 +22,7 @@ from .options import (
     ConfigOpt,
     DbOpt,
     DeadOpt,
+    DetachOpt,
     DryRunOpt,
     JsonOpt,
     LogFileOpt,
@@ -41,6 +42,7 @@ from .options import (
     TimeoutOpt,
     TpmOpt,
     TracebackOpt,
+    ViaOpt,
     WaitOpt,
 )
 
@@ -91,7 +93,7 @@ def _check_wait(wait: float) -> None:
 
 def _run(
     input_path: Path | None, cfg: Config, out: str | None, dead: str | None,
-    display: Display, wait: float,
+    display: Display, wait: float, detach: bool = False,
 ) -> None:  # fmt: skip
     from .. import runner
 
@@ -107,6 +109,8 @@ def _run(
                 on_added=on_added,
                 handle_signals=True,
                 lock_wait_s=wait,
+                detach=detach,
+                on_note=display.note,
             )
         )
         display.summary(summary)
@@ -148,6 +152,8 @@ def run(
     max_cost: MaxCostOpt = None,
     on_truncated: OnTruncatedOpt = None,
     reroute: RerouteOpt = False,
+    via: ViaOpt = None,
+    detach: DetachOpt = False,
     traceback: TracebackOpt = False,
 ) -> None:
     """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
@@ -160,13 +166,14 @@ def run(
             timeout_s=timeout, order=order, strict=strict or None,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
             max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
+            via=via,
         )  # fmt: skip
         if dry_run:
             _dry_run(file, cfg, as_json)
         display = Display(quiet, as_json, log_file)
         if not (quiet or cfg.db.exists()):
             display.new_store = cfg.db
-        _run(file, cfg, out, dead, display, wait)
+        _run(file, cfg, out, dead, display, wait, detach)
 
     guard(traceback, body)
 
@@ -211,6 +218,8 @@ def resume(
     max_cost: MaxCostOpt = None,
     on_truncated: OnTruncatedOpt = None,
     reroute: RerouteOpt = False,
+    via: ViaOpt = None,
+    detach: DetachOpt = False,
     traceback: TracebackOpt = False,
 ) -> None:
     """Carry on with what is queued or was running when a run stopped; export outputs."""
@@ -222,7 +231,8 @@ def resume(
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
             max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
+            via=via,
         )  # fmt: skip
-        _run(None, cfg, out, dead, Display(quiet, as_json, log_file), wait)
+        _run(None, cfg, out, dead, Display(quiet, as_json, log_file), wait, detach)
 
     guard(traceback, body)

@@ -22,6 +22,7 @@ class Display:
 
     def __init__(self, quiet: bool, as_json: bool, log_file: Path | None) -> None:
         self.as_json = as_json
+        self._quiet = quiet or as_json
         self.new_store: Path | None = None  # said once the file is in it
         from ..progress import LiveProgress, PlainProgress, wants_live_panel
 
@@ -47,6 +48,12 @@ class Display:
             lines.append(f"new store at {self.new_store}")
         sys.stderr.writelines(f"{line}\n" for line in lines)
         self._write_log(lines)
+
+    def note(self, line: str) -> None:
+        """One line of what a run is doing (a batch's steps and counts), as it happens."""
+        if not self._quiet:
+            print(line, file=sys.stderr, flush=True)
+        self._write_log([line])
 
     def summary(self, s: RunSummary) -> None:
         from .. import report

@@ -111,3 +111,18 @@ WaitOpt = Annotated[
         show_default=False,  # as every other option: in the help text, in parentheses
     ),
 ]
+ViaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--via",
+        help="How jobs are sent: online (one call each, the default) | batch (the provider's "
+        "batch engine: half price, results within 24 h). Kept by the store for resume.",
+    ),
+]
+DetachOpt = Annotated[
+    bool,
+    typer.Option(
+        "--detach",
+        help="With --via batch: submit the batches and exit 0; a later resume collects them.",
+    ),
+]

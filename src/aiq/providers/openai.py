@@ -46,6 +46,18 @@ class OpenAIProvider(HttpProvider):
             raise self._error(resp, content)
         return self._reply(endpoint, resp, content)
 
+    def answer(
+        self, endpoint: str, status_code: int, content: bytes, request_id: str | None = None
+    ) -> Reply:
+        """A reply that came some other way (a batch output line: its status, body and
+        request id), read exactly as :meth:`send` reads one: the Reply, or the classified
+        ProviderError of a failure, by the same table."""
+        headers = {self._spec.request_id_header.decode(): request_id} if request_id else None
+        resp = httpx.Response(status_code, headers=headers)
+        if status_code != 200:
+            raise self._error(resp, content)
+        return self._reply(endpoint, resp, content)
+
     def _reply(self, endpoint: str, resp: httpx.Response, content: bytes) -> Reply:
         try:
             data = orjson.loads(content)

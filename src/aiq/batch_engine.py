@@ -1,0 +1,413 @@
+"""``--via batch``: the store's queued jobs sent through OpenAI's Batch API, not one call each.
+
+A batch's life, each step written before the call that follows it (aiq.batchqueue):
+
+1. **planned**: due queued jobs of one endpoint and model, at most 50,000 and 200 MB, taken
+   into a batch (running, with its id) in one transaction;
+2. **uploaded**: its input file written from the store and sent (``POST /v1/files``);
+3. **created**: ``POST /v1/batches``, metadata naming the store and the batch;
+4. polled with backoff until it ends, then its output and error files read back and
+   **ingested**: every job of the batch ends exactly once, done, dead (by the online error
+   table, aiq.outcomes), or queued again without costing an attempt (expired, cancelled,
+   failed with the rest of a batch, missing from both files).
+
+A run killed between two steps finds the last one written. Before doing the next again, it
+asks the provider whether that happened: a file of the batch's name is looked for among the
+uploads, a batch with its metadata among the batches; an open batch is adopted and polled.
+So no job is submitted twice and no result is lost. ``detach`` submits and returns; the
+next run collects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import outcomes
+from .batch_files import (
+    LINE_OVERHEAD,
+    MAX_BYTES,
+    MAX_REQUESTS,
+    Line,
+    read_line,
+    write_input,
+)
+from .batch_records import TERMINAL, Batch, BatchRun
+from .errors import FatalProviderError
+from .outcomes import Health, RetryPolicy
+from .pricing import Price, price_for
+from .providers.base import ProviderError
+from .providers.openai import OpenAIProvider
+from .providers.openai_batches import BatchApi
+from .records import DEAD, DONE, QUEUED, Job, Outcome
+from .run_records import Progress
+from .store import JobStore
+
+# A batch job is billed at half the list price (OpenAI's Batch API pricing).
+BATCH_SHARE = 0.5
+_POLL_FIRST_S = 0.2  # the first look at a new batch; doubled each unchanged look...
+_POLL_CAP_S = 60.0  # ...up to this
+_INGEST_BLOCK = 1000  # outcomes written per transaction while ingesting
+# Line errors that say the line never ran: queued again, no attempt spent.
+_NOT_RUN = {"batch_expired": "expired", "batch_cancelled": "cancelled"}
+
+Note = Callable[[str], None]
+
+
+class BatchEngine:
+    """Drives a store's batches through one account's Batch API. ``answers`` reads a line's
+    reply exactly as an online call's (aiq.providers.openai); ``prices`` price done jobs at
+    ``BATCH_SHARE`` of their list price."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        api: BatchApi,
+        answers: OpenAIProvider,
+        *,
+        provider: str,
+        files_dir: Path,
+        progress: Progress,
+        prices: Mapping[str, Price],
+        retry: RetryPolicy,
+        note: Note = lambda _: None,
+        poll_cap_s: float = _POLL_CAP_S,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._api = api
+        self._answers = answers
+        self._provider = provider
+        self._dir = files_dir
+        self.progress = progress
+        self._prices = prices
+        self._retry = retry
+        self._note = note
+        self._poll_cap_s = poll_cap_s
+        self._wall = wall
+        self.run_record = BatchRun()
+        self._fresh: set[int] = set()  # batches whose next call this process never tried
+        self._not_before: dict[int, float] = {}  # batch -> when its next call may go
+        self._poll_s: dict[int, float] = {}  # batch -> the wait before its next look
+        self._failures: dict[int, int] = {}  # batch -> calls failed in a row
+        self._tag = ""
+
+    async def run(self, *, detach: bool = False) -> BatchRun:
+        """Adopt the open batches, submit what is due, and (unless ``detach``) wait for every
+        batch to end and ingest it, submitting what comes back due meanwhile."""
+        self._tag = await self._store.store_tag()
+        self._dir.mkdir(parents=True, exist_ok=True)
+        record = self.run_record
+        record.detached = detach
+        await self._dead_oversized()
+        while True:
+            for batch in await self._store.batches(open_only=True):
+                await self._advance(batch)
+            while (planned := await self._plan()) is not None:
+                await self._advance(planned)
+            open_now = await self._store.batches(open_only=True)
+            record.open = len(open_now)
+            if detach:
+                return record
+            if not open_now:
+                due = await self._store.next_due_at()
+                if due is None:
+                    return record
+                await asyncio.sleep(max(0.0, min(due - self._wall(), self._poll_cap_s)))
+                continue
+            now = self._wall()
+            await asyncio.sleep(
+                max(0.0, min(self._not_before.get(b.id, now) for b in open_now) - now)
+            )
+
+    # -- the steps --------------------------------------------------------------------------
+
+    async def _plan(self) -> Batch | None:
+        batch = await self._store.plan_batch(
+            self._provider, now=self._wall(), max_requests=MAX_REQUESTS, max_bytes=MAX_BYTES,
+            overhead=LINE_OVERHEAD,
+        )  # fmt: skip
+        if batch is not None:
+            self._fresh.add(batch.id)
+            model = f" ({batch.model})" if batch.model else ""
+            self._note(
+                f"batch {batch.id}: planned {batch.requests:,} requests of {batch.endpoint}{model}"
+            )
+        return batch
+
+    async def _advance(self, batch: Batch) -> None:
+        """Take ``batch`` as far as it goes now: upload, create, one look, ingest."""
+        if self._not_before.get(batch.id, 0.0) > self._wall():
+            return
+        try:
+            if batch.step == "planned":
+                batch = await self._upload(batch)
+            if batch.step == "uploaded":
+                batch = await self._create(batch)
+            if batch.step == "created":
+                await self._look(batch)
+        except ProviderError as err:
+            self._failed_call(batch, err)
+
+    def _failed_call(self, batch: Batch, err: ProviderError) -> None:
+        """A call about ``batch`` failed: a fatal error stops the run (every job kept); any
+        other is tried again later, after asking whether it happened after all."""
+        if err.fatal:
+            raise FatalProviderError(
+                f"the provider refused batch {batch.id}: {err.message}; every job is kept, fix "
+                "it and run `aiq resume`"
+            )
+        self._fresh.discard(batch.id)  # its answer may be lost: look before sending again
+        n = self._failures[batch.id] = self._failures.get(batch.id, 0) + 1
+        wait_s = err.retry_after_s or min(self._poll_cap_s, 0.5 * 2.0**n)
+        self._not_before[batch.id] = self._wall() + wait_s
+        self._note(f"batch {batch.id}: {err.message}; trying again in {wait_s:.0f} s")
+
+    def _filename(self, batch: Batch) -> str:
+        return f"aiq-{self._tag}-b{batch.id}.jsonl"
+
+    def _metadata(self, batch: Batch) -> dict[str, str]:
+        return {"aiq_store": self._tag, "aiq_batch": str(batch.id)}
+
+    async def _upload(self, batch: Batch) -> Batch:
+        name = self._filename(batch)
+        found = None
+        if batch.id not in self._fresh:
+            found = await self._api.find_file(name, since=batch.created_at)
+        if found is None:
+            path = self._dir / name
+            await write_input(self._store, batch.id, path)
+            self._fresh.discard(batch.id)  # from here its answer can be lost
+            found = await self._api.upload(path, name)
+            path.unlink(missing_ok=True)
+        await self._store.save_step(batch.id, "uploaded", input_file_id=found["id"])
+        self._fresh.add(batch.id)
+        self._note(f"batch {batch.id}: uploaded {found['id']}")
+        return await self._reread(batch)
+
+    async def _create(self, batch: Batch) -> Batch:
+        metadata = self._metadata(batch)
+        found = None
+        if batch.id not in self._fresh:
+            found = await self._api.find_batch(metadata, since=batch.created_at)
+        if found is None:
+            self._fresh.discard(batch.id)
+            try:
+                found = await self._api.create(str(batch.input_file_id), batch.endpoint, metadata)
+            except ProviderError as err:
+                if err.retryable or err.fatal or err.error_type == "rate_limit":
+                    raise
+                # Refused for good (a bad file, an endpoint not offered): each job's own
+                # error, by the error table.
+                await self._refused(batch, err)
+                return await self._reread(batch)
+        self._not_before.pop(batch.id, None)
+        self._failures.pop(batch.id, None)
+        await self._store.save_step(
+            batch.id, "created", provider_batch_id=found["id"], state=found.get("status")
+        )
+        self.run_record.submitted.append(batch.id)
+        self.run_record.submitted_lines += batch.requests
+        self._note(f"batch {batch.id}: created {found['id']} ({batch.requests:,} requests)")
+        return await self._reread(batch)
+
+    async def _reread(self, batch: Batch) -> Batch:
+        again = await self._store.batch(batch.id)
+        assert again is not None
+        return again
+
+    async def _look(self, batch: Batch) -> None:
+        """Poll the batch once; ingest it if it has ended, else look again later (backoff)."""
+        polled = await self._api.get(str(batch.provider_batch_id))
+        state = polled.get("status")
+        counts = polled.get("request_counts") or {}
+        if state != batch.state or counts != batch.counts:
+            await self._store.save_step(
+                batch.id, state=state, counts=counts,
+                output_file_id=polled.get("output_file_id"),
+                error_file_id=polled.get("error_file_id"),
+            )  # fmt: skip
+            self._poll_s[batch.id] = _POLL_FIRST_S
+            done, failed = counts.get("completed", 0), counts.get("failed", 0)
+            self._note(
+                f"batch {batch.id} {batch.provider_batch_id}: {state}, "
+                f"{done:,}/{counts.get('total', batch.requests):,} done, {failed:,} failed"
+            )
+        if state in TERMINAL:
+            await self._ingest(await self._reread(batch), polled)
+            return
+        wait_s = self._poll_s.get(batch.id, _POLL_FIRST_S)
+        self._poll_s[batch.id] = min(self._poll_cap_s, wait_s * 2)
+        self._not_before[batch.id] = self._wall() + wait_s
+
+    # -- ingest -----------------------------------------------------------------------------
+
+    async def _ingest(self, batch: Batch, polled: Mapping[str, Any]) -> None:
+        """Every job of an ended batch to done, dead or the queue, as its lines say; a job
+        no line names is queued again (missing, or expired/cancelled/failed with its batch)."""
+        jobs = await self._store.batch_jobs(batch.id)
+        order = list(jobs)  # line N of the input file is the Nth job by id
+        not_run: dict[str, list[int]] = {
+            "expired": [],
+            "cancelled": [],
+            "failed": [],
+            "missing": [],
+        }
+        retried = 0
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if not file_id:
+                continue
+            block: list[Outcome] = []
+            async for raw in self._api.lines(file_id):
+                line = read_line(raw)
+                job = None if line is None or line.job_id is None else jobs.pop(line.job_id, None)
+                if job is None or line is None:
+                    continue  # not this batch's, or ingested before a crash
+                result = self._outcome(job, line, batch)
+                if isinstance(result, str):
+                    not_run[result].append(job.id)
+                    continue
+                retried += result.state == QUEUED
+                block.append(result)
+                if len(block) >= _INGEST_BLOCK:
+                    await self._write(batch, block)
+                    block = []
+            await self._write(batch, block)
+        if batch.state == "failed":
+            retried += await self._invalid_lines(batch, polled, jobs, order)
+        why = {"expired": "expired", "cancelled": "cancelled", "cancelling": "cancelled"}.get(
+            batch.state or "", "failed" if batch.state == "failed" else "missing"
+        )
+        not_run[why].extend(jobs)
+        requeue = {reason: ids for reason, ids in not_run.items() if ids}
+        await self._store.close_batch(batch.id, batch.state, requeue, retried=retried)
+        self._poll_s.pop(batch.id, None)
+        self._not_before.pop(batch.id, None)
+        self.run_record.collected.append(batch.id)
+        counted = {r: len(ids) for r, ids in requeue.items() if ids}
+        if retried:
+            counted["retry"] = retried
+        for reason, n in counted.items():
+            self.run_record.requeued[reason] = self.run_record.requeued.get(reason, 0) + n
+        again = ", ".join(f"{n:,} {r}" for r, n in counted.items()) or "none"
+        self._note(f"batch {batch.id} {batch.provider_batch_id}: ingested; re-queued: {again}")
+
+    def _outcome(self, job: Job, line: Line, batch: Batch) -> Outcome | str:
+        """What a line makes of its job: an outcome by the online table, or why it never
+        ran (expired, cancelled: queued again, no attempt spent)."""
+        started = batch.created_at
+        now = self._wall()
+        if line.status_code is None:
+            reason = _NOT_RUN.get(line.error_code or "")
+            if reason is not None:
+                return reason
+            err = ProviderError(
+                "server",
+                f"batch line error {line.error_code}: {line.error_message}",
+                retryable=True,
+            )
+            return self._failed(job, err, started, now)
+        try:
+            reply = self._answers.answer(job.endpoint, line.status_code, line.body, line.request_id)
+        except ProviderError as err:
+            return self._failed(job, err, started, now)
+        model = job.model if isinstance(job.model, str) else None
+        price = price_for(model, self._prices)
+        cost = None
+        if price is not None and reply.usage is not None:
+            cost = price.usage_cost_usd(reply.usage) * BATCH_SHARE
+        return outcomes.replied(
+            job, reply, started=started, finished=now, model=model, cost_usd=cost
+        )
+
+    def _failed(self, job: Job, err: ProviderError, started: float, now: float) -> Outcome:
+        fate = outcomes.failed(
+            job, err, policy=self._retry, health=Health(), started=started, now=now
+        )
+        return fate.outcome
+
+    async def _invalid_lines(
+        self, batch: Batch, polled: Mapping[str, Any], jobs: dict[int, Job], order: list[int]
+    ) -> int:
+        """A batch that failed validation: the lines its ``errors.data[]`` name get their
+        error (a bad line is dead, by the table); the others are queued again. With no line
+        named, every job is charged the failure (so a batch that always fails ends)."""
+        errors = (polled.get("errors") or {}).get("data") or []
+        block = []
+        named = [e for e in errors if isinstance(e, dict) and isinstance(e.get("line"), int)]
+        now = self._wall()
+        for e in named:
+            n = e["line"]
+            if not 1 <= n <= len(order) or order[n - 1] not in jobs:
+                continue
+            job = jobs.pop(order[n - 1])
+            err = ProviderError(
+                "invalid_request",
+                f"batch validation: line {n}: {e.get('code')}: {e.get('message')}",
+                status_code=400,
+            )
+            block.append(self._failed(job, err, batch.created_at, now))
+        if not named:
+            message = "; ".join(str(e.get("message")) for e in errors if isinstance(e, dict))
+            err = ProviderError(
+                "invalid_request", f"batch failed: {message or 'no reason given'}",
+                status_code=400, retryable=True,
+            )  # fmt: skip
+            block = [self._failed(job, err, batch.created_at, now) for job in jobs.values()]
+            jobs.clear()
+        await self._write(batch, block)
+        return sum(o.state == QUEUED for o in block)
+
+    async def _refused(self, batch: Batch, err: ProviderError) -> None:
+        """A batch whose creation was refused for good: every job gets the error."""
+        jobs = await self._store.batch_jobs(batch.id)
+        now = self._wall()
+        block = [self._failed(job, err, now, now) for job in jobs.values()]
+        await self._write(batch, block)
+        retried = sum(o.state == QUEUED for o in block)
+        await self._store.close_batch(batch.id, "refused", {}, retried=retried)
+        self._note(f"batch {batch.id}: refused: {err.message}")
+
+    async def _write(self, batch: Batch, block: list[Outcome]) -> None:
+        await self._store.ingest(batch.id, block)
+        p = self.progress
+        for o in block:
+            if o.state == DONE:
+                p.done += 1
+                p.done_now += 1
+                if o.usage is not None:
+                    p.tokens_in += o.usage.tokens_in
+                    p.tokens_out += o.usage.tokens_out
+                    p.kinds.add(o.usage)
+                else:
+                    p.unusable += 1
+                if o.cost_usd is None:
+                    p.unpriced += 1
+                else:
+                    p.cost_usd += o.cost_usd
+            elif o.state == DEAD:
+                p.dead += 1
+                p.dead_now += 1
+            else:
+                p.retries += 1
+
+    async def _dead_oversized(self) -> None:
+        """A request too big for any input file can never go by batch: dead at once."""
+        ids = await self._store.oversized(max_bytes=MAX_BYTES, overhead=LINE_OVERHEAD)
+        if not ids:
+            return
+        now = self._wall()
+        block = [
+            Outcome(
+                i, DEAD, 0, started_at=now, finished_at=now, error_type="invalid_request",
+                error_message=f"request over {MAX_BYTES:,} bytes, the most a batch input "
+                "file holds: send it online (--via online)",
+            )
+            for i in ids
+        ]  # fmt: skip
+        await self._store.record(block)
+        self.progress.dead += len(block)
+        self.progress.dead_now += len(block)

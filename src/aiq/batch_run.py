@@ -1,0 +1,93 @@
+"""A run ``--via batch``: the batch engine (aiq.batch_engine) built from the config and worked
+under the signals, for runner.run_batch. Built here, not in the runner, so ``aiq status``
+and ``add`` never load httpx's transport."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable
+
+import httpx
+
+from .batch_engine import BatchEngine
+from .batch_records import BatchRun
+from .config import Config
+from .contract import StopReason
+from .errors import FatalProviderError, UsageError
+from .outcomes import RetryPolicy
+from .providers.openai import OpenAIProvider
+from .providers.openai_batches import BatchApi
+from .run_records import Progress
+from .store import JobStore
+
+Note = Callable[[str], None]
+
+
+def check_via(config: Config) -> None:
+    """UsageError for a way of sending not built yet, or a provider batch cannot use."""
+    if config.via in ("flex", "auto"):
+        raise UsageError(
+            f"--via {config.via} is not built yet; use --via online (one call each) or "
+            "--via batch (the provider's batch engine, OpenAI)"
+        )
+    if config.via == "batch" and config.spec.api != "openai":
+        raise UsageError(
+            f"--via batch with provider {config.provider} is not built yet; it works with "
+            "OpenAI and OpenAI-compatible servers offering /v1/files and /v1/batches"
+        )
+    if config.via == "batch" and config.spec.offline:
+        raise UsageError("--via batch needs a real server: the simulated provider has no batches")
+
+
+async def work_batches(
+    store: JobStore, config: Config, progress: Progress, *, detach: bool, note: Note,
+    handle_signals: bool,
+) -> tuple[BatchRun, StopReason | None, FatalProviderError | None]:  # fmt: skip
+    """Run the batch engine over ``store``; what it did, why it stopped (a signal leaves
+    every batch recorded, for resume), and the fatal error that stopped it, if one did."""
+    if not config.api_key and config.spec.needs_key(config.base_url):
+        raise UsageError(f"no API key: set {config.api_key_env}")
+    transport = httpx.AsyncHTTPTransport(retries=0)
+    args = {
+        "base_url": config.base_url, "api_key": config.api_key,
+        "api_key_env": config.api_key_env, "extra_headers": config.extra_headers,
+        "connect_timeout_s": config.connect_timeout_s, "spec": config.spec,
+    }  # fmt: skip
+    api = BatchApi(transport, read_timeout_s=config.timeout_s, **args)  # type: ignore[arg-type]
+    answers = OpenAIProvider(transport, **args)  # type: ignore[arg-type]
+    engine = BatchEngine(
+        store, api, answers, provider=config.provider,
+        files_dir=config.db.parent / "batches", progress=progress,
+        prices=config.price_table,
+        retry=RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_cap_s),
+        note=note,
+    )  # fmt: skip
+    task = asyncio.ensure_future(engine.run(detach=detach))
+    loop = asyncio.get_running_loop()
+    stopped: StopReason | None = None
+    fatal = None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if handle_signals:
+        for sig in previous:
+            loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not task.cancelled():
+            raise
+        stopped = "interrupted"
+    except FatalProviderError as exc:
+        stopped, fatal = "fatal", exc
+    finally:
+        if handle_signals:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)
+        with contextlib.suppress(Exception):
+            await api.aclose()
+        await transport.aclose()
+    engine.run_record.open = len(await store.batches(open_only=True))
+    return engine.run_record, stopped, fatal
