@@ -283,7 +283,12 @@ class BatchEngine:
         )
         not_run[why].extend(jobs)
         requeue = {reason: ids for reason, ids in not_run.items() if ids}
-        await self._store.close_batch(batch.id, batch.state, requeue, retried=retried)
+        dead = await self._store.close_batch(
+            batch.id, batch.state, requeue, retried=retried,
+            missing_limit=self._retry.max_attempts,
+        )  # fmt: skip
+        self.progress.dead += dead
+        self.progress.dead_now += dead
         self._poll_s.pop(batch.id, None)
         self._not_before.pop(batch.id, None)
         self.run_record.collected.append(batch.id)

@@ -18,7 +18,7 @@ import orjson
 
 from .batch_records import Batch, Step
 from .jobqueue import JobQueue
-from .records import QUEUED, RUNNING, Job, Outcome
+from .records import DEAD, QUEUED, RUNNING, Job, Outcome
 
 _BATCH_COLUMNS = (
     "id, provider, endpoint, model, step, state, requests, created_at, updated_at, "
@@ -177,7 +177,8 @@ class BatchQueue(JobQueue):
         async with self.transaction():
             await self._write_outcomes(outcomes)
             await self._db.executemany(
-                "UPDATE jobs SET batch_id = NULL, sent_at = NULL WHERE id = ? AND batch_id = ?",
+                "UPDATE jobs SET batch_id = NULL, sent_at = NULL, missing = 0 "
+                "WHERE id = ? AND batch_id = ?",
                 [(o.job_id, batch_id) for o in outcomes],
             )
 
@@ -188,10 +189,14 @@ class BatchQueue(JobQueue):
         requeue: Mapping[str, Sequence[int]],
         *,
         retried: int = 0,
-    ) -> None:
+        missing_limit: int | None = None,
+    ) -> int:
         """The batch ingested: its jobs left in it back to the queue, due now and their
         attempts as they were (why, by reason, kept for status, with the ``retried`` lines
-        whose own outcome queued them again)."""
+        whose own outcome queued them again). A job ``missing`` from ``missing_limit``
+        batches is dead instead; returns how many were."""
+        now = time.time()
+        dead = 0
         async with self.transaction():
             for ids in requeue.values():
                 await self._db.executemany(
@@ -199,11 +204,26 @@ class BatchQueue(JobQueue):
                     "lease_until = NULL WHERE id = ? AND batch_id = ?",
                     [(QUEUED, i, batch_id) for i in ids],
                 )
+            if missing := requeue.get("missing"):
+                await self._db.executemany(
+                    "UPDATE jobs SET missing = missing + 1 WHERE id = ?", [(i,) for i in missing]
+                )
+                if missing_limit is not None:
+                    cur = await self._db.executemany(
+                        "UPDATE jobs SET state = ?, finished_at = ?, error_type = 'bad_response', "
+                        "error_message = 'the provider returned no result for this request in ' "
+                        "|| missing || ' batches in a row (neither output nor error file named "
+                        "it); run aiq replay-dead to try again, or send it --via online' "
+                        "WHERE id = ? AND missing >= ?",
+                        [(DEAD, now, i, missing_limit) for i in missing],
+                    )
+                    dead = cur.rowcount
             counted = {reason: len(ids) for reason, ids in requeue.items() if ids}
             if retried:
                 counted["retry"] = retried
             await self._db.execute(
                 "UPDATE batches SET step = 'ingested', state = coalesce(?, state), "
                 "requeued = ?, updated_at = ? WHERE id = ?",
-                (state, orjson.dumps(counted).decode(), time.time(), batch_id),
+                (state, orjson.dumps(counted).decode(), now, batch_id),
             )
+        return dead

@@ -272,6 +272,9 @@ MIGRATIONS: list[tuple[str, str]] = [
             updated_at REAL NOT NULL
         );
         ALTER TABLE jobs ADD COLUMN batch_id INTEGER;
+        -- Batches in a row whose output named the job nowhere: at --max-attempts it is dead,
+        -- so a provider that always drops a line cannot keep a run going forever.
+        ALTER TABLE jobs ADD COLUMN missing INTEGER NOT NULL DEFAULT 0;
         CREATE INDEX jobs_batch ON jobs (batch_id) WHERE batch_id IS NOT NULL;
         """,
     ),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Job states live in aiq.contract; named here too, where the store's readers look for them.
+from .batch_records import Batch
 from .contract import DEAD as DEAD
 from .contract import DONE as DONE
 from .contract import QUEUED as QUEUED
@@ -253,6 +254,10 @@ class Stats:
     filtered: int = 0  # jobs whose reply a content filter stopped (kept as results)
     run: RunState | None = None  # None: not looked at (inside a run, which is the one)
     kinds: TokenKinds = field(default_factory=TokenKinds)  # of the tokens, cached and reasoning
+    # The provider batches (--via batch): the last few and every open one, and the lines
+    # they put back in the queue without costing an attempt, by reason (expired, missing...).
+    batches: list[Batch] = field(default_factory=list)
+    requeued: dict[str, int] = field(default_factory=dict)
 
     @property
     def cost_usd(self) -> float | None:
@@ -334,4 +339,6 @@ class Stats:
             "unpriced": self.unpriced,
             "unusable_usage": self.unusable,
             "models": [m.as_dict() for m in self.models],
+            "batches": [b.as_dict() for b in self.batches],
+            "requeued": self.requeued,
         }

@@ -6,6 +6,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from .batch_records import BatchRun
 from .durations import fmt_duration
 from .forecast import Forecast
 from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
@@ -202,6 +203,8 @@ def run_summary_lines(s: RunSummary) -> list[str]:
         f"store: {c['done']:,} done, {c['dead']:,} dead, {c['queued']:,} queued, "
         f"{c['running']:,} running of {s.stats.total:,}"
     )
+    if (b := s.batch) is not None:
+        lines.append(_batch_run_line(b))
     for e in s.exports:
         lines.extend(export_lines(e))
     if s.stopped == "interrupted":
@@ -216,6 +219,19 @@ def run_summary_lines(s: RunSummary) -> list[str]:
     elif s.stopped is None and c["dead"]:
         lines.append("some jobs are dead: fix the cause, then `aiq replay-dead` and `aiq resume`")
     return lines
+
+
+def _batch_run_line(b: BatchRun) -> str:
+    again = ", ".join(f"{n:,} {r}" for r, n in sorted(b.requeued.items()))
+    line = (
+        f"batches: submitted {len(b.submitted):,} ({plural(b.submitted_lines, 'request')}), "
+        f"collected {len(b.collected):,}, {b.open:,} still open"
+    )
+    if again:
+        line += f"; re-queued {again}"
+    if b.detached and b.open:
+        line += "; run `aiq resume` later to collect them"
+    return line
 
 
 def run_summary_json(s: RunSummary) -> dict[str, Any]:
@@ -242,6 +258,7 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "invalid_lines": None if s.added is None else s.added.invalid,
         "empty_input": None if s.added is None else s.added.empty,
         "status": s.stats.as_dict(),
+        "batch": None if s.batch is None else s.batch.as_dict(),
         "outputs": [
             {"input": e.source, "results": e.results_path, "dead": e.dead_path,
              "results_count": e.results, "dead_count": e.dead, "written": e.written}
@@ -304,6 +321,30 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
             "were dead-lettered (--on-truncated dead), the replies kept in the dead letters"
         )
     lines.extend(stop_lines(s.truncated, s.filtered, dead=False))
+    lines.extend(batch_lines(s, time.time() if now is None else now))
+    return lines
+
+
+def batch_lines(s: Stats, now: float) -> list[str]:
+    """The provider batches (--via batch): each one's state and counts, and the lines put
+    back in the queue without costing an attempt, and why."""
+    if not s.batches:
+        return []
+    open_ = sum(b.open for b in s.batches)
+    lines = [f"batches: {open_:,} open (the last {len(s.batches):,} shown)"]
+    for b in s.batches:
+        c = b.counts
+        counts = f"{c.get('completed', 0):,}/{b.requests:,} done, {c.get('failed', 0):,} failed"
+        state = b.state or b.step
+        step = "" if b.step in ("created", "ingested") else f" ({b.step})"
+        lines.append(
+            f"  batch {b.id} {b.provider_batch_id or '-'} ({b.provider}): {state}{step}, "
+            f"{counts}, {fmt_duration(now - b.created_at)} old"
+        )
+    if s.requeued:
+        why = ", ".join(f"{n:,} {reason}" for reason, n in sorted(s.requeued.items()))
+        # Only a retry (a line's own error, by the online table) may have cost an attempt.
+        lines.append(f"re-queued from batches: {why}")
     return lines
 
 

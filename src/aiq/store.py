@@ -12,6 +12,7 @@ writes through the store: the store knows nothing of input files.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -37,6 +38,7 @@ _RESULT_SQL = {
     },
 }  # fmt: skip
 RESULT_COLUMNS = tuple(_RESULT_SQL)
+_BATCHES_SHOWN = 10  # status lists the last few batches, and every open one
 
 
 class JobStore(BatchQueue):
@@ -147,7 +149,11 @@ class JobStore(BatchQueue):
         """
         now = time.time() if now is None else now
         async with self.snapshot():  # the tallies and the index ranges of one moment
-            return await tallies.read_stats(self._db, now=now, since=since)
+            stats = await tallies.read_stats(self._db, now=now, since=since)
+            batches = await self.batches(last=_BATCHES_SHOWN)
+        if not batches:
+            return stats
+        return dataclasses.replace(stats, batches=batches, requeued=await self.requeued_total())
 
     async def waiting_models(self) -> set[str | None]:
         """The models the bodies of queued and running jobs name (None: a body naming none)."""

@@ -190,8 +190,12 @@ class Batches:
         body = orjson.loads(await request.read())
         if self.create_429 > 0:
             self.create_429 -= 1
-            payload = error_body(429, "Too many batch creations; try again later.")
-            return self._json(request, payload, 429)
+            payload = error_body(
+                429, "Too many batch creations; try again later.", code="rate_limit_exceeded"
+            )
+            response = self._json(request, payload, 429)
+            response.headers["retry-after-ms"] = "200"
+            return response
         content = self.contents.get(body.get("input_file_id"))
         if content is None:
             return self._json(request, error_body(400, "No such input file"), 400)
