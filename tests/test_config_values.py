@@ -80,6 +80,7 @@ BAD = [
     ("metrics_file", "5", "5 is not text"),
     ("order", "random", "'random' is unknown; use done | input"),
     ("on_truncated", "drop", "'drop' is unknown; use keep | dead"),
+    ("via", "later", "'later' is unknown; use online | flex | batch | auto"),
     ("strict", "1", "1 is not true or false"),
     ("strict", "maybe", "'maybe' is not true or false"),
     ("simulated_latency_s", "-1", "-1 is below 0"),
