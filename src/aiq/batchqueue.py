@@ -125,6 +125,13 @@ class BatchQueue(JobQueue):
         )
         return [_batch(r) for r in rows]
 
+    async def in_batches(self) -> int:
+        """Jobs in open batches (on the partial index of batch_id)."""
+        ((n,),) = await self._db.execute_fetchall(
+            "SELECT count(*) FROM jobs WHERE batch_id IS NOT NULL"
+        )
+        return int(n)
+
     async def requeued_total(self) -> dict[str, int]:
         """Lines put back in the queue by every batch, by reason."""
         total: dict[str, int] = {}

@@ -258,6 +258,7 @@ class Stats:
     # they put back in the queue without costing an attempt, by reason (expired, missing...).
     batches: list[Batch] = field(default_factory=list)
     requeued: dict[str, int] = field(default_factory=dict)
+    in_batches: int = 0  # running jobs the provider holds in open batches (not abandoned)
 
     @property
     def cost_usd(self) -> float | None:
@@ -284,12 +285,14 @@ class Stats:
     def claimed(self) -> int:
         """Running jobs claimed by a live run and not sent yet (waiting for a sender or a
         rate limit); of a run that died, none: all its running jobs are abandoned."""
+        # A job in a provider batch counts as in flight (its sent_at is set when planned).
         return self.counts["running"] - self.in_flight if self.active else 0
 
     @property
     def abandoned(self) -> int:
-        """Running jobs of a run that died: back to the queue on the next run or resume."""
-        return 0 if self.active else self.counts["running"]
+        """Running jobs of a run that died: back to the queue on the next run or resume
+        (not those in open provider batches: resume adopts the batches)."""
+        return 0 if self.active else self.counts["running"] - self.in_batches
 
     @property
     def remaining(self) -> int:
@@ -341,4 +344,5 @@ class Stats:
             "models": [m.as_dict() for m in self.models],
             "batches": [b.as_dict() for b in self.batches],
             "requeued": self.requeued,
+            "in_batches": self.in_batches,
         }

@@ -297,10 +297,13 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
     top errors."""
     c = s.counts
     running = f"running {c['running']:,}"
-    if c["running"] and s.active:
+    if c["running"] and s.in_batches == c["running"]:
+        running += " (in provider batches)"
+    elif c["running"] and s.active:
         running += f" ({s.in_flight:,} in flight, {s.claimed:,} claimed, not sent yet)"
     elif c["running"]:
-        running += " (abandoned)"
+        running += " (abandoned"
+        running += f", {s.in_batches:,} in provider batches)" if s.in_batches else ")"
     lines = [
         f"total {s.total:,} · {s.percent_done:.1f}% finished",
         f"queued {c['queued']:,}{f' ({s.not_due:,} not due yet)' if s.not_due else ''} · "

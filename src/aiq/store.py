@@ -151,9 +151,12 @@ class JobStore(BatchQueue):
         async with self.snapshot():  # the tallies and the index ranges of one moment
             stats = await tallies.read_stats(self._db, now=now, since=since)
             batches = await self.batches(last=_BATCHES_SHOWN)
-        if not batches:
-            return stats
-        return dataclasses.replace(stats, batches=batches, requeued=await self.requeued_total())
+            if not batches:
+                return stats
+            return dataclasses.replace(
+                stats, batches=batches, requeued=await self.requeued_total(),
+                in_batches=await self.in_batches(),
+            )  # fmt: skip
 
     async def waiting_models(self) -> set[str | None]:
         """The models the bodies of queued and running jobs name (None: a body naming none)."""

@@ -301,6 +301,7 @@ class Batches:
                 return
             if status != "finalizing":
                 obj["status"], obj["finalizing_at"] = "finalizing", now
+                obj["request_counts"]["completed"] = len(lines)
                 return
         self._finish(obj, "completed", len(lines), None)
 

@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     for knob in rates:
         parser.add_argument("--" + knob.replace("_", "-"), type=float, default=0.0)
     parser.add_argument("--hang", type=float, default=30.0, help="seconds a hang lasts")
+    parser.add_argument(
+        "--batch-processing", type=float, default=0.0, help="seconds a batch takes to complete"
+    )
     args = parser.parse_args(argv)
     mode = None
     if args.limit_mode is not None:
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         record=False,  # a benchmark sends millions of requests; nobody reads the log
         **{knob: getattr(args, knob) for knob in rates},
     )
+    server.batches.processing_s = args.batch_processing
 
     def ready(port: int) -> None:
         print(f"READY {port}", flush=True)
