@@ -6,8 +6,9 @@ In a fresh temporary directory: starts the fake server (tests/fakeserver, its Fi
 Batches API with zero processing time) as its own process, writes that many prompt lines,
 then times three aiq processes, each measured alone (peak RSS from wait4's rusage):
 ``aiq add`` (not batch work, for scale), ``aiq run --via batch --detach`` (plan, write and
-upload the input files, create the batches: 50,000 lines each) and ``aiq resume`` (poll,
-download the output files, ingest every line, export the results).
+upload the input files, create the batches: 50,000 lines each) and, once the fake has
+finished them (``PROCESSING_S``, not timed), ``aiq resume`` (poll, download the output
+files, ingest every line, export the results).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Long enough that the detached run finds every batch still open (it takes one look at each),
+# so the collecting run does all of the reading; waited out between the two.
+PROCESSING_S = 3.0
+LOG = Path("/tmp/batch_bench_collect.log")
 
 
 def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
@@ -45,7 +50,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         fake = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "fakeserver"), "--port", "0"],
+            [sys.executable, str(ROOT / "tests" / "fakeserver"), "--port", "0",
+             "--batch-processing", str(PROCESSING_S)],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -64,8 +70,9 @@ def main() -> None:
                     work,
                     env,
                 ),
-                "collect": timed([*aiq, "resume", "--quiet"], work, env),
             }
+            time.sleep(PROCESSING_S + 1)  # every batch done at the provider: not timed
+            rows["collect"] = timed([*aiq, "resume", "--quiet", "--log-file", str(LOG)], work, env)
             results = sum(1 for _ in (work / "p.results.jsonl").open())
         finally:
             fake.terminate()
