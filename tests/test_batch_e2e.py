@@ -205,6 +205,27 @@ def test_a_cancelled_batch_keeps_its_finished_lines_and_sends_the_rest_again(
     assert "5 cancelled" in proc.stdout
 
 
+def test_ctrl_c_while_waiting_leaves_the_batch_open_for_resume(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    server.batches.processing_s = 60.0
+    prompts = _prompts(5)
+    write_prompts(tmp_path / "in.jsonl", prompts)
+    proc = start_aiq("run", "in.jsonl", *_args(server), cwd=tmp_path, capture=True)
+    _wait_for(lambda: any(c[0] == "GET" and "/batches/" in c[1] for c in server.batches.calls))
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert "interrupted" in out and "1 still open" in out
+    assert "batches: 1 open" in run_aiq("status", cwd=tmp_path).stdout
+    server.batches.processing_s = 0.0
+    resumed = run_aiq("resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    _check_results(tmp_path, server, prompts)
+    assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 5
+    assert server.batches.created() == 1 and not server.batches.submitted_twice()
+
+
 def test_via_flex_and_auto_are_not_built_yet(tmp_path: Path, server: FakeServer) -> None:
     write_prompts(tmp_path / "in.jsonl", _prompts(1))
     for via in ("flex", "auto"):
