@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import read_jsonl, run_aiq, start_aiq, write_prompts
+from conftest import aiq_env, read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 from openai.types.chat import ChatCompletion
 
@@ -129,6 +129,34 @@ def test_a_validation_failure_dead_letters_its_lines_and_resubmits_the_rest(
     assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 6
     assert server.batches.created() == 2
     assert "re-queued from batches: 6 failed" in run_aiq("status", cwd=tmp_path).stdout
+
+
+def test_a_batch_failed_on_the_enqueued_token_limit_is_sent_again_at_no_attempt(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    server.batches.token_limit_batches = 1
+    prompts = _prompts(4)
+    write_prompts(tmp_path / "in.jsonl", prompts)
+    proc = run_aiq("run", "in.jsonl", *_args(server, "--max-attempts", "1"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr  # not dead, though one attempt is all they have
+    assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 4
+    assert server.batches.created() == 2
+    assert "enqueued-token limit is reached: next batch in 1 s" in proc.stderr
+    assert "re-queued from batches: 4 token_limit" in run_aiq("status", cwd=tmp_path).stdout
+
+
+def test_a_refused_key_stops_the_run_keeping_every_job(tmp_path: Path, server: FakeServer) -> None:
+    prompts = _prompts(3)
+    write_prompts(tmp_path / "in.jsonl", prompts)
+    wrong = aiq_env(OPENAI_API_KEY="sk-wrong-0123456789abcdef")
+    proc = run_aiq("run", "in.jsonl", *_args(server), cwd=tmp_path, env=wrong)
+    assert proc.returncode == 4, proc.stderr
+    assert "refused batch 1" in proc.stderr and "sk-wrong" not in proc.stderr + proc.stdout
+    assert server.batches.created() == 0
+    resumed = run_aiq("resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    _check_results(tmp_path, server, prompts)
+    assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 3
 
 
 def _wait_for(predicate: object, timeout_s: float = 20.0) -> None:

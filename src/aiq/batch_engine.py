@@ -54,7 +54,19 @@ _INGEST_BLOCK = 1000  # outcomes written per transaction while ingesting
 # Line errors that say the line never ran: queued again, no attempt spent.
 _NOT_RUN = {"batch_expired": "expired", "batch_cancelled": "cancelled"}
 
+_PACE_FIRST_S = 1.0  # the first wait after a batch failed on the enqueued-token limit
+# errors.data codes of a batch failed on the account's limits, not on its lines.
+_PACING_CODES = frozenset({"token_limit_exceeded", "rate_limit_exceeded"})
+
 Note = Callable[[str], None]
+
+
+def _over_token_limit(polled: Mapping[str, Any]) -> bool:
+    """Whether a failed batch failed on the account's enqueued-token limit (OpenAI fails
+    the batch with ``token_limit_exceeded`` and no line): no line of it is at fault."""
+    errors = (polled.get("errors") or {}).get("data") or []
+    codes = {e.get("code") for e in errors if isinstance(e, dict) and e.get("line") is None}
+    return bool(codes & _PACING_CODES)
 
 
 class BatchEngine:
@@ -93,6 +105,8 @@ class BatchEngine:
         self._not_before: dict[int, float] = {}  # batch -> when its next call may go
         self._poll_s: dict[int, float] = {}  # batch -> the wait before its next look
         self._failures: dict[int, int] = {}  # batch -> calls failed in a row
+        self._plan_after = 0.0  # no new batch before this (the enqueued-token limit)
+        self._pace_s = 0.0
         self._tag = ""
 
     async def run(self, *, detach: bool = False) -> BatchRun:
@@ -116,6 +130,7 @@ class BatchEngine:
                 due = await self._store.next_due_at()
                 if due is None:
                     return record
+                due = max(due, self._plan_after)
                 await asyncio.sleep(max(0.0, min(due - self._wall(), self._poll_cap_s)))
                 continue
             now = self._wall()
@@ -125,7 +140,18 @@ class BatchEngine:
 
     # -- the steps --------------------------------------------------------------------------
 
+    def _pace(self) -> None:
+        """A batch failed on the account's enqueued-token limit: plan no new batch for a
+        while (doubling, up to the poll cap), until the open ones have made room."""
+        self._pace_s = min(self._poll_cap_s, max(_PACE_FIRST_S, self._pace_s * 2))
+        self._plan_after = self._wall() + self._pace_s
+        self._note(
+            f"the provider's enqueued-token limit is reached: next batch in {self._pace_s:.0f} s"
+        )
+
     async def _plan(self) -> Batch | None:
+        if self._wall() < self._plan_after:
+            return None
         batch = await self._store.plan_batch(
             self._provider, now=self._wall(), max_requests=MAX_REQUESTS, max_bytes=MAX_BYTES,
             overhead=LINE_OVERHEAD,
@@ -276,12 +302,18 @@ class BatchEngine:
                     await self._write(batch, block)
                     block = []
             await self._write(batch, block)
-        if batch.state == "failed":
-            retried += await self._invalid_lines(batch, polled, jobs, order)
         why = {"expired": "expired", "cancelled": "cancelled", "cancelling": "cancelled"}.get(
-            batch.state or "", "failed" if batch.state == "failed" else "missing"
+            batch.state or "", "missing"
         )
-        not_run[why].extend(jobs)
+        if batch.state == "failed" and _over_token_limit(polled):
+            why = "token_limit"  # the account's enqueued tokens: a pace, not the jobs' fault
+            self._pace()
+        elif batch.state == "failed":
+            why = "failed"
+            retried += await self._invalid_lines(batch, polled, jobs, order)
+        elif batch.state == "completed":
+            self._pace_s = 0.0
+        not_run.setdefault(why, []).extend(jobs)
         requeue = {reason: ids for reason, ids in not_run.items() if ids}
         dead = await self._store.close_batch(
             batch.id, batch.state, requeue, retried=retried,

@@ -11,7 +11,7 @@ Step = Literal["planned", "uploaded", "created", "ingested"]
 # The provider's states that end a batch (OpenAI's Batch.status).
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 # Why a line came back to the queue without costing an attempt.
-Requeue = Literal["expired", "cancelled", "missing", "failed", "retry"]
+Requeue = Literal["expired", "cancelled", "missing", "failed", "token_limit", "retry"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,6 +19,8 @@ Knobs (attributes of :class:`Batches`, ``server.batches``; read on every call):
 - ``drop_marker``: a line whose text holds it appears in neither file (a "missing" line).
 - ``invalid_marker``: a batch with such lines fails validation, ``errors.data[]`` naming them.
 - ``create_429``: how many creations to refuse with 429 (OpenAI's creation cap) first.
+- ``token_limit_batches``: how many batches to fail at creation on the organization's
+  enqueued-token limit (``errors.data[]`` of one ``token_limit_exceeded``, no line), first.
 - ``hold``: names of calls to hold open, never answered while named: ``upload`` and
   ``create`` before doing anything; ``upload-answer``, ``create-answer`` after doing it (its
   answer lost); ``get`` (a look), ``content`` (a download). A test kills aiq meanwhile.
@@ -63,6 +65,7 @@ class Batches:
         self.drop_marker: str | None = "DROP_LINE"
         self.invalid_marker: str | None = "INVALID_LINE"
         self.create_429 = 0
+        self.token_limit_batches = 0
         self.hold: set[str] = set()
         self.held: Counter[str] = Counter()
         self.submitted: list[str] = []  # prompts of every line of every batch created
@@ -215,6 +218,13 @@ class Batches:
             "metadata": body.get("metadata") or {},
         }  # fmt: skip
         invalid = self._invalid(lines, body["endpoint"])
+        if self.token_limit_batches > 0:
+            self.token_limit_batches -= 1
+            invalid = [{
+                "code": "token_limit_exceeded", "line": None, "param": None,
+                "message": "Enqueued token limit reached for the model in organization "
+                "org-fake. Please try again once some in_progress batches have been completed.",
+            }]  # fmt: skip
         if invalid:
             obj.update(status="failed", failed_at=now)
             obj["errors"] = {"object": "list", "data": invalid}
