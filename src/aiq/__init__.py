@@ -17,6 +17,9 @@ __version__ = "0.1.0"
 # `aiq --help` and `aiq status` start in a fraction of the time when `import aiq` does not
 # load the HTTP clients, the provider classes and the worker they do not use.
 _EXPORTS = {
+    "BatchEngine": "batch_engine",
+    "Batch": "batch_records",
+    "BatchRun": "batch_records",
     "Config": "config",
     "CostMeter": "costs",
     "forecast_file": "dry_run",
@@ -48,6 +51,7 @@ _EXPORTS = {
     "Price": "pricing",
     "PriceCheck": "pricing",
     "AnthropicProvider": "providers",
+    "BatchApi": "providers.openai_batches",
     "OpenAIProvider": "providers",
     "ProviderError": "providers",
     "Reply": "providers",
@@ -87,6 +91,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_layers.py)
+    from .batch_engine import BatchEngine
+    from .batch_records import Batch, BatchRun
     from .config import Config
     from .costs import CostMeter
     from .dry_run import forecast_file
@@ -116,6 +122,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
         PriceCheck,
     )
     from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
+    from .providers.openai_batches import BatchApi
     from .records import EnqueueCounts, ModelUsage, Replayed, Stats, Target
     from .requestfile import read_requests
     from .run_records import Export, Progress, RunSummary
@@ -138,6 +145,10 @@ __all__ = [
     "AiqError",
     "AnthropicProvider",
     "BadLine",
+    "Batch",
+    "BatchApi",
+    "BatchEngine",
+    "BatchRun",
     "CheckReport",
     "Config",
     "CostMeter",
