@@ -167,7 +167,8 @@ def _wait_for(predicate: object, timeout_s: float = 20.0) -> None:
 
 
 @pytest.mark.parametrize(
-    "step", ["upload", "upload-answer", "create", "create-answer", "get", "content"]
+    "step",
+    ["upload", "upload-answer", "create", "create-answer", "get", "content", "error-content"],
 )
 def test_kill_9_at_each_step_then_resume_submits_nothing_twice(
     tmp_path: Path, server: FakeServer, step: str
@@ -182,6 +183,9 @@ def test_kill_9_at_each_step_then_resume_submits_nothing_twice(
     finally:
         proc.wait(timeout=10)
     server.batches.hold = set()
+    if step == "error-content":  # killed mid-ingest: the output file's lines are in
+        status = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
+        assert status["counts"]["done"] == 9 and status["in_batches"] == 1
     resumed = run_aiq("resume", cwd=tmp_path)
     assert resumed.returncode == 1, resumed.stderr  # finished, one dead
     _check_results(tmp_path, server, prompts)
@@ -189,7 +193,7 @@ def test_kill_9_at_each_step_then_resume_submits_nothing_twice(
     assert [d["custom_id"] for d in read_jsonl(tmp_path / "in.dead.jsonl")] == ["c6"]
     assert server.batches.created() == 1, server.batches.calls
     assert not server.batches.submitted_twice()
-    if step in ("upload-answer", "create", "create-answer", "get", "content"):
+    if step != "upload":
         stored = [f for f in server.batches.files.values() if f["purpose"] == "batch"]
         assert len(stored) == 1  # the upload whose answer was lost was found, not repeated
 

@@ -23,7 +23,8 @@ Knobs (attributes of :class:`Batches`, ``server.batches``; read on every call):
   enqueued-token limit (``errors.data[]`` of one ``token_limit_exceeded``, no line), first.
 - ``hold``: names of calls to hold open, never answered while named: ``upload`` and
   ``create`` before doing anything; ``upload-answer``, ``create-answer`` after doing it (its
-  answer lost); ``get`` (a look), ``content`` (a download). A test kills aiq meanwhile.
+  answer lost); ``get`` (a look), ``content`` (a download), ``error-content`` (the download
+  of an error file: its batch's output file is read by then). A test kills aiq meanwhile.
   ``held`` counts the calls held so far by name.
 
 ``submitted`` logs every line of every batch created, by prompt: a prompt twice in it was
@@ -177,6 +178,9 @@ class Batches:
         if (no := self._refusal(request)) is not None:
             return no
         await self._hold("content")
+        file = self.files.get(request.match_info["id"]) or {}
+        if str(file.get("filename", "")).endswith("_error.jsonl"):
+            await self._hold("error-content")  # the output file read, the error file not
         content = self.contents.get(request.match_info["id"])
         if content is None:
             return self._json(request, error_body(404, "No such File object"), 404)
