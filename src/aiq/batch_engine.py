@@ -26,53 +26,37 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import outcomes
 from .batch_files import (
     LINE_OVERHEAD,
     MAX_BYTES,
     MAX_REQUESTS,
-    Line,
     read_line,
     write_input,
 )
 from .batch_records import TERMINAL, Batch, BatchRun
+from .batch_results import LineRules, count, over_token_limit
 from .errors import FatalProviderError
-from .outcomes import Health, RetryPolicy
-from .pricing import Price, price_for
+from .outcomes import RetryPolicy
+from .pricing import Price
 from .providers.base import ProviderError
 from .providers.openai import OpenAIProvider
 from .providers.openai_batches import BatchApi
-from .records import DEAD, DONE, QUEUED, Job, Outcome
+from .records import DEAD, QUEUED, Job, Outcome
 from .run_records import Progress
 from .store import JobStore
 
-# A batch job is billed at half the list price (OpenAI's Batch API pricing).
-BATCH_SHARE = 0.5
 _POLL_FIRST_S = 0.2  # the first look at a new batch; doubled each unchanged look...
 _POLL_CAP_S = 60.0  # ...up to this
 _INGEST_BLOCK = 1000  # outcomes written per transaction while ingesting
-# Line errors that say the line never ran: queued again, no attempt spent.
-_NOT_RUN = {"batch_expired": "expired", "batch_cancelled": "cancelled"}
 
 _PACE_FIRST_S = 1.0  # the first wait after a batch failed on the enqueued-token limit
-# errors.data codes of a batch failed on the account's limits, not on its lines.
-_PACING_CODES = frozenset({"token_limit_exceeded", "rate_limit_exceeded"})
-
 Note = Callable[[str], None]
-
-
-def _over_token_limit(polled: Mapping[str, Any]) -> bool:
-    """Whether a failed batch failed on the account's enqueued-token limit (OpenAI fails
-    the batch with ``token_limit_exceeded`` and no line): no line of it is at fault."""
-    errors = (polled.get("errors") or {}).get("data") or []
-    codes = {e.get("code") for e in errors if isinstance(e, dict) and e.get("line") is None}
-    return bool(codes & _PACING_CODES)
 
 
 class BatchEngine:
     """Drives a store's batches through one account's Batch API. ``answers`` reads a line's
     reply exactly as an online call's (aiq.providers.openai); ``prices`` price done jobs at
-    ``BATCH_SHARE`` of their list price."""
+    half their list price (aiq.batch_results)."""
 
     def __init__(
         self,
@@ -91,11 +75,10 @@ class BatchEngine:
     ) -> None:
         self._store = store
         self._api = api
-        self._answers = answers
+        self._rules = LineRules(answers, prices=prices, retry=retry, wall=wall)
         self._provider = provider
         self._dir = files_dir
         self.progress = progress
-        self._prices = prices
         self._retry = retry
         self._note = note
         self._poll_cap_s = poll_cap_s
@@ -276,55 +259,65 @@ class BatchEngine:
         no line names is queued again (missing, or expired/cancelled/failed with its batch)."""
         jobs = await self._store.batch_jobs(batch.id)
         order = list(jobs)  # line N of the input file is the Nth job by id
-        not_run: dict[str, list[int]] = {
-            "expired": [],
-            "cancelled": [],
-            "failed": [],
-            "missing": [],
-        }
+        not_run: dict[str, list[int]] = {}
         retried = 0
         for file_id in (batch.output_file_id, batch.error_file_id):
-            if not file_id:
-                continue
-            block: list[Outcome] = []
-            async for raw in self._api.lines(file_id):
-                line = read_line(raw)
-                job = None if line is None or line.job_id is None else jobs.pop(line.job_id, None)
-                if job is None or line is None:
-                    continue  # not this batch's, or ingested before a crash
-                result = self._outcome(job, line, batch)
-                if isinstance(result, str):
-                    not_run[result].append(job.id)
-                    continue
-                retried += result.state == QUEUED
-                block.append(result)
-                if len(block) >= _INGEST_BLOCK:
-                    await self._write(batch, block)
-                    block = []
-            await self._write(batch, block)
-        why = {"expired": "expired", "cancelled": "cancelled", "cancelling": "cancelled"}.get(
+            if file_id:
+                retried += await self._read_file(batch, file_id, jobs, not_run)
+        why: str = {"expired": "expired", "cancelled": "cancelled"}.get(
             batch.state or "", "missing"
         )
-        if batch.state == "failed" and _over_token_limit(polled):
+        if batch.state == "failed" and over_token_limit(polled):
             why = "token_limit"  # the account's enqueued tokens: a pace, not the jobs' fault
             self._pace()
         elif batch.state == "failed":
             why = "failed"
-            retried += await self._invalid_lines(batch, polled, jobs, order)
+            block = self._rules.invalid_lines(polled, jobs, order, started=batch.created_at)
+            await self._write(batch, block)
+            retried += sum(o.state == QUEUED for o in block)
         elif batch.state == "completed":
             self._pace_s = 0.0
         not_run.setdefault(why, []).extend(jobs)
-        requeue = {reason: ids for reason, ids in not_run.items() if ids}
         dead = await self._store.close_batch(
-            batch.id, batch.state, requeue, retried=retried,
+            batch.id, batch.state, not_run, retried=retried,
             missing_limit=self._retry.max_attempts,
         )  # fmt: skip
         self.progress.dead += dead
         self.progress.dead_now += dead
+        self._collected(batch, not_run, retried)
+
+    async def _read_file(
+        self, batch: Batch, file_id: str, jobs: dict[int, Job], not_run: dict[str, list[int]]
+    ) -> int:
+        """Ingest one output or error file, a block at a time, taking each line's job out
+        of ``jobs`` (a line whose job is not there was ingested before a crash, or is not
+        this batch's). Lines that never ran are put in ``not_run``; returns how many lines
+        their own outcome queued again."""
+        retried = 0
+        block: list[Outcome] = []
+        async for raw in self._api.lines(file_id):
+            line = read_line(raw)
+            job = None if line is None or line.job_id is None else jobs.pop(line.job_id, None)
+            if job is None or line is None:
+                continue
+            result = self._rules.outcome(job, line, started=batch.created_at)
+            if isinstance(result, str):
+                not_run.setdefault(result, []).append(job.id)
+                continue
+            retried += result.state == QUEUED
+            block.append(result)
+            if len(block) >= _INGEST_BLOCK:
+                await self._write(batch, block)
+                block = []
+        await self._write(batch, block)
+        return retried
+
+    def _collected(self, batch: Batch, not_run: dict[str, list[int]], retried: int) -> None:
+        """The batch is ingested: forget its pacing, and say what came back to the queue."""
         self._poll_s.pop(batch.id, None)
         self._not_before.pop(batch.id, None)
         self.run_record.collected.append(batch.id)
-        counted = {r: len(ids) for r, ids in requeue.items() if ids}
+        counted = {r: len(ids) for r, ids in not_run.items() if ids}
         if retried:
             counted["retry"] = retried
         for reason, n in counted.items():
@@ -332,77 +325,11 @@ class BatchEngine:
         again = ", ".join(f"{n:,} {r}" for r, n in counted.items()) or "none"
         self._note(f"batch {batch.id} {batch.provider_batch_id}: ingested; re-queued: {again}")
 
-    def _outcome(self, job: Job, line: Line, batch: Batch) -> Outcome | str:
-        """What a line makes of its job: an outcome by the online table, or why it never
-        ran (expired, cancelled: queued again, no attempt spent)."""
-        started = batch.created_at
-        now = self._wall()
-        if line.status_code is None:
-            reason = _NOT_RUN.get(line.error_code or "")
-            if reason is not None:
-                return reason
-            err = ProviderError(
-                "server",
-                f"batch line error {line.error_code}: {line.error_message}",
-                retryable=True,
-            )
-            return self._failed(job, err, started, now)
-        try:
-            reply = self._answers.answer(job.endpoint, line.status_code, line.body, line.request_id)
-        except ProviderError as err:
-            return self._failed(job, err, started, now)
-        model = job.model if isinstance(job.model, str) else None
-        price = price_for(model, self._prices)
-        cost = None
-        if price is not None and reply.usage is not None:
-            cost = price.usage_cost_usd(reply.usage) * BATCH_SHARE
-        return outcomes.replied(
-            job, reply, started=started, finished=now, model=model, cost_usd=cost
-        )
-
-    def _failed(self, job: Job, err: ProviderError, started: float, now: float) -> Outcome:
-        fate = outcomes.failed(
-            job, err, policy=self._retry, health=Health(), started=started, now=now
-        )
-        return fate.outcome
-
-    async def _invalid_lines(
-        self, batch: Batch, polled: Mapping[str, Any], jobs: dict[int, Job], order: list[int]
-    ) -> int:
-        """A batch that failed validation: the lines its ``errors.data[]`` name get their
-        error (a bad line is dead, by the table); the others are queued again. With no line
-        named, every job is charged the failure (so a batch that always fails ends)."""
-        errors = (polled.get("errors") or {}).get("data") or []
-        block = []
-        named = [e for e in errors if isinstance(e, dict) and isinstance(e.get("line"), int)]
-        now = self._wall()
-        for e in named:
-            n = e["line"]
-            if not 1 <= n <= len(order) or order[n - 1] not in jobs:
-                continue
-            job = jobs.pop(order[n - 1])
-            err = ProviderError(
-                "invalid_request",
-                f"batch validation: line {n}: {e.get('code')}: {e.get('message')}",
-                status_code=400,
-            )
-            block.append(self._failed(job, err, batch.created_at, now))
-        if not named:
-            message = "; ".join(str(e.get("message")) for e in errors if isinstance(e, dict))
-            err = ProviderError(
-                "invalid_request", f"batch failed: {message or 'no reason given'}",
-                status_code=400, retryable=True,
-            )  # fmt: skip
-            block = [self._failed(job, err, batch.created_at, now) for job in jobs.values()]
-            jobs.clear()
-        await self._write(batch, block)
-        return sum(o.state == QUEUED for o in block)
-
     async def _refused(self, batch: Batch, err: ProviderError) -> None:
         """A batch whose creation was refused for good: every job gets the error."""
         jobs = await self._store.batch_jobs(batch.id)
-        now = self._wall()
-        block = [self._failed(job, err, now, now) for job in jobs.values()]
+        started = self._wall()
+        block = [self._rules.failed(job, err, started=started) for job in jobs.values()]
         await self._write(batch, block)
         retried = sum(o.state == QUEUED for o in block)
         await self._store.close_batch(batch.id, "refused", {}, retried=retried)
@@ -410,26 +337,7 @@ class BatchEngine:
 
     async def _write(self, batch: Batch, block: list[Outcome]) -> None:
         await self._store.ingest(batch.id, block)
-        p = self.progress
-        for o in block:
-            if o.state == DONE:
-                p.done += 1
-                p.done_now += 1
-                if o.usage is not None:
-                    p.tokens_in += o.usage.tokens_in
-                    p.tokens_out += o.usage.tokens_out
-                    p.kinds.add(o.usage)
-                else:
-                    p.unusable += 1
-                if o.cost_usd is None:
-                    p.unpriced += 1
-                else:
-                    p.cost_usd += o.cost_usd
-            elif o.state == DEAD:
-                p.dead += 1
-                p.dead_now += 1
-            else:
-                p.retries += 1
+        count(self.progress, block)
 
     async def _dead_oversized(self) -> None:
         """A request too big for any input file can never go by batch: dead at once."""
