@@ -258,6 +258,23 @@ def test_ctrl_c_while_waiting_leaves_the_batch_open_for_resume(
     assert server.batches.created() == 1 and not server.batches.submitted_twice()
 
 
+def test_an_online_run_leaves_open_batches_to_batch_and_detach_needs_batch(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    server.batches.processing_s = 60.0
+    write_prompts(tmp_path / "in.jsonl", _prompts(3))
+    assert run_aiq("run", "in.jsonl", *_args(server, "--detach"), cwd=tmp_path).returncode == 0
+    online = run_aiq("resume", "--via", "online", cwd=tmp_path)
+    assert online.returncode == 0, online.stderr
+    assert "3 jobs are in open provider batches" in online.stderr
+    assert not [r for r in server.requests if r.path.endswith("/chat/completions")]
+    detached = run_aiq("resume", "--detach", cwd=tmp_path)  # the store now says online
+    assert detached.returncode == 2 and "--detach works with --via batch" in detached.stderr
+    server.batches.processing_s = 0.0
+    assert run_aiq("resume", "--via", "batch", cwd=tmp_path).returncode == 0
+    assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 3
+
+
 def test_via_flex_and_auto_are_not_built_yet(tmp_path: Path, server: FakeServer) -> None:
     write_prompts(tmp_path / "in.jsonl", _prompts(1))
     for via in ("flex", "auto"):

@@ -98,6 +98,13 @@ async def run_batch(
         async with StoreLock(config.db, wait_s=lock_wait_s) as lock, open_store(config.db) as store:
             config, added = await _ready(store, config, lock, input_path, out, dead, on_added)
             check_via(config)  # as the store recorded it, for a resume
+            if detach and config.via != "batch":
+                raise UsageError("--detach works with --via batch only (an online run waits)")
+            if config.via != "batch" and on_note and (held := await store.in_batches()):
+                on_note(
+                    f"{held:,} jobs are in open provider batches, left to them: "
+                    "`aiq resume --via batch` collects them"
+                )
             if config.via == "batch":
                 summary = await _batch_run(
                     store, config, input_path, out, dead, added, detach=detach,
