@@ -275,6 +275,19 @@ def test_an_online_run_leaves_open_batches_to_batch_and_detach_needs_batch(
     assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 3
 
 
+def test_max_runtime_stops_the_wait_and_max_cost_is_refused(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    server.batches.processing_s = 60.0
+    write_prompts(tmp_path / "in.jsonl", _prompts(2))
+    capped = run_aiq("run", "in.jsonl", *_args(server, "--max-cost", "5"), cwd=tmp_path)
+    assert capped.returncode == 2 and "--max-cost is not built for --via batch" in capped.stderr
+    proc = run_aiq("run", "in.jsonl", *_args(server, "--max-runtime", "0.5"), cwd=tmp_path)
+    assert proc.returncode == 5, proc.stderr
+    assert "batches: 1 open" in run_aiq("status", cwd=tmp_path).stdout
+    assert server.batches.created() == 1
+
+
 def test_via_flex_and_auto_are_not_built_yet(tmp_path: Path, server: FakeServer) -> None:
     write_prompts(tmp_path / "in.jsonl", _prompts(1))
     for via in ("flex", "auto"):
