@@ -21,6 +21,7 @@ next run collects.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -89,6 +90,8 @@ class BatchEngine:
         self._poll_s: dict[int, float] = {}  # batch -> the wait before its next look
         self._failures: dict[int, int] = {}  # batch -> calls failed in a row
         self._plan_after = 0.0  # no new batch before this (the enqueued-token limit)
+        self.stopping = False
+        self._wake = asyncio.Event()
         self._pace_s = 0.0
         self._tag = ""
 
@@ -100,26 +103,38 @@ class BatchEngine:
         record = self.run_record
         record.detached = detach
         await self._dead_oversized()
-        while True:
+        while not self.stopping:
             for batch in await self._store.batches(open_only=True):
+                if self.stopping:
+                    break
                 await self._advance(batch)
-            while (planned := await self._plan()) is not None:
+            while not self.stopping and (planned := await self._plan()) is not None:
                 await self._advance(planned)
             open_now = await self._store.batches(open_only=True)
             record.open = len(open_now)
-            if detach:
-                return record
+            if detach or self.stopping:
+                break
+            now = self._wall()
             if not open_now:
                 due = await self._store.next_due_at()
                 if due is None:
-                    return record
-                due = max(due, self._plan_after)
-                await asyncio.sleep(max(0.0, min(due - self._wall(), self._poll_cap_s)))
+                    break
+                await self._nap(min(max(due, self._plan_after) - now, self._poll_cap_s))
                 continue
-            now = self._wall()
-            await asyncio.sleep(
-                max(0.0, min(self._not_before.get(b.id, now) for b in open_now) - now)
-            )
+            await self._nap(min(self._not_before.get(b.id, now) for b in open_now) - now)
+        return record
+
+    def stop(self) -> None:
+        """Stop at the next step's end (a signal, --max-runtime): what is with the provider
+        stays there, recorded, for resume; no call is cut halfway."""
+        self.stopping = True
+        self._wake.set()
+
+    async def _nap(self, seconds: float) -> None:
+        """Wait ``seconds``, or until :meth:`stop`."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, seconds)):
+                await self._wake.wait()
 
     # -- the steps --------------------------------------------------------------------------
 
@@ -154,9 +169,9 @@ class BatchEngine:
         try:
             if batch.step == "planned":
                 batch = await self._upload(batch)
-            if batch.step == "uploaded":
+            if batch.step == "uploaded" and not self.stopping:
                 batch = await self._create(batch)
-            if batch.step == "created":
+            if batch.step == "created" and not self.stopping:
                 await self._look(batch)
         except ProviderError as err:
             self._failed_call(batch, err)

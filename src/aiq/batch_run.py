@@ -15,6 +15,7 @@ from .batch_engine import BatchEngine
 from .batch_records import BatchRun
 from .config import Config
 from .contract import StopReason
+from .database import rollback
 from .errors import FatalProviderError, UsageError
 from .outcomes import RetryPolicy
 from .providers.openai import OpenAIProvider
@@ -83,18 +84,25 @@ async def work_batches(
     stops: list[StopReason] = []
 
     def stop(reason: StopReason) -> None:
+        # The first stop lets the step under way end (a call cut off mid-transaction would
+        # leave the store's connection inside it); a second signal abandons it at once.
         stops.append(reason)
-        task.cancel()
+        if len(stops) == 1:
+            engine.stop()
+        else:
+            task.cancel()
 
     stopped: StopReason | None = None
     fatal = None
     try:
         with _stopped_by(stop, config.max_runtime_s, handle_signals):
             await task
+        stopped = stops[0] if stops else None
     except asyncio.CancelledError:
         if not stops:
             raise
         stopped = stops[0]
+        await _out_of_transaction(store)
     except FatalProviderError as exc:
         stopped, fatal = "fatal", exc
     finally:
@@ -103,6 +111,14 @@ async def work_batches(
         await transport.aclose()
     engine.run_record.open = len(await store.batches(open_only=True))
     return engine.run_record, stopped, fatal
+
+
+async def _out_of_transaction(store: JobStore) -> None:
+    """After a step abandoned halfway: the connection out of any transaction it began.
+    aiosqlite runs calls in order, so one more call finds what the abandoned one did."""
+    db = store.connection
+    await db.execute("SELECT 1")
+    await rollback(db)
 
 
 @contextlib.contextmanager

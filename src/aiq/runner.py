@@ -149,11 +149,13 @@ async def _batch_run(
     exports = await export_all(
         store, input_path, order=config.order, out=out, dead=dead, skip_unchanged=True
     )
-    summary = RunSummary(
-        added=added, progress=progress, stats=await store.stats(), exports=exports,
+    stats = await store.stats()
+    if stopped in ("interrupted", "limit") and not stats.remaining:
+        stopped = None  # every job had finished by the time it stopped: a finished run
+    return RunSummary(
+        added=added, progress=progress, stats=stats, exports=exports,
         stopped=stopped, on_truncated=config.on_truncated, batch=batch, fatal=fatal,
     )  # fmt: skip
-    return summary
 
 
 async def _ready(
