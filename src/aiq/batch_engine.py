@@ -271,7 +271,9 @@ class BatchEngine:
 
     async def _ingest(self, batch: Batch, polled: Mapping[str, Any]) -> None:
         """Every job of an ended batch to done, dead or the queue, as its lines say; a job
-        no line names is queued again (missing, or expired/cancelled/failed with its batch)."""
+        no line names is queued again: missing (an expired batch lists its unfinished lines
+        in the error file, so one in neither file is missing, and counted towards dead), or
+        cancelled or failed with its batch."""
         jobs = await self._store.batch_jobs(batch.id)
         order = list(jobs)  # line N of the input file is the Nth job by id
         not_run: dict[str, list[int]] = {}
@@ -279,9 +281,7 @@ class BatchEngine:
         for file_id in (batch.output_file_id, batch.error_file_id):
             if file_id:
                 retried += await self._read_file(batch, file_id, jobs, not_run)
-        why: str = {"expired": "expired", "cancelled": "cancelled"}.get(
-            batch.state or "", "missing"
-        )
+        why = "cancelled" if batch.state == "cancelled" else "missing"
         if batch.state == "failed" and over_token_limit(polled):
             why = "token_limit"  # the account's enqueued tokens: a pace, not the jobs' fault
             self._pace()
