@@ -53,6 +53,7 @@ _EXPORTS = {
     "Reply": "providers",
     "EnqueueCounts": "records",
     "ModelUsage": "records",
+    "Pruned": "records",
     "Replayed": "records",
     "Stats": "records",
     "Target": "records",
@@ -62,6 +63,7 @@ _EXPORTS = {
     "RunSummary": "run_records",
     "add_file": "runner",
     "export_outputs": "runner",
+    "prune_store": "runner",
     "replay_dead": "runner",
     "run_batch": "runner",
     "store_status": "runner",
@@ -116,12 +118,13 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
         PriceCheck,
     )
     from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
-    from .records import EnqueueCounts, ModelUsage, Replayed, Stats, Target
+    from .records import EnqueueCounts, ModelUsage, Pruned, Replayed, Stats, Target
     from .requestfile import read_requests
     from .run_records import Export, Progress, RunSummary
     from .runner import (
         add_file,
         export_outputs,
+        prune_store,
         replay_dead,
         run_batch,
         store_status,
@@ -160,6 +163,7 @@ __all__ = [
     "PriceRow",
     "Progress",
     "ProviderError",
+    "Pruned",
     "RateLimiter",
     "Replayed",
     "Reply",
@@ -179,6 +183,7 @@ __all__ = [
     "export_source",
     "forecast_file",
     "prices_in_force",
+    "prune_store",
     "read_requests",
     "replay_dead",
     "run_batch",

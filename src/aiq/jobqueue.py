@@ -190,7 +190,8 @@ class JobQueue(Database):
     ) -> int:
         """Move dead jobs (all, or of one error type, or among ``job_ids``) back to queued,
         attempts reset; returns how many."""
-        where, params = "state = ?", list[object]([DEAD])
+        # Not a pruned job (aiq.retention): its request is gone, there is nothing to send.
+        where, params = "state = ? AND length(body) > 0", list[object]([DEAD])
         if error_type is not None:
             where += " AND coalesce(error_type, '?') = ?"
             params.append(error_type)

@@ -158,6 +158,23 @@ class EnqueueCounts:
 
 
 @dataclass(slots=True, kw_only=True)
+class Pruned:
+    """What ``prune`` did: jobs pruned by state, what was left as not exported yet, the bytes
+    of requests, replies and lines it removed, and the file's size before and after."""
+
+    done: int = 0
+    dead: int = 0
+    not_exported: int = 0  # old enough, but not (provably) in their files yet
+    forgotten: bool = False
+    freed_bytes: int = 0  # of requests, replies and input lines
+    size_before: int = 0
+    size_after: int = 0
+    vacuumed: bool = False
+    vacuum_skipped: str | None = None  # why the file was not shrunk
+    sources_unexported: list[str] = field(default_factory=list)  # files with no current export
+
+
+@dataclass(slots=True, kw_only=True)
 class Replayed:
     """What ``replay-dead`` did: how many dead jobs it queued again, the error types the dead
     jobs had before, and why each custom_id asked for that was not replayed was not."""
@@ -250,6 +267,7 @@ class Stats:
     filtered: int = 0  # jobs whose reply a content filter stopped (kept as results)
     run: RunState | None = None  # None: not looked at (inside a run, which is the one)
     kinds: TokenKinds = field(default_factory=TokenKinds)  # of the tokens, cached and reasoning
+    size_bytes: int | None = None  # the store's file and -wal on disk (None: not looked at)
 
     @property
     def cost_usd(self) -> float | None:
@@ -331,4 +349,5 @@ class Stats:
             "unpriced": self.unpriced,
             "unusable_usage": self.unusable,
             "models": [m.as_dict() for m in self.models],
+            "size_bytes": self.size_bytes,
         }

@@ -10,9 +10,9 @@ from .durations import fmt_duration
 from .forecast import Forecast
 from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
 from .pricing import PRICES_AS_OF
-from .records import EnqueueCounts, Replayed, Stats
+from .records import EnqueueCounts, Pruned, Replayed, Stats
 from .run_records import Export, Progress, RunSummary
-from .text import plural, usd
+from .text import plural, size_text, usd
 from .usage import TokenKinds
 
 _WITHHELD = DEFAULT_NAMES[WITHHELD_TEMPERATURE]
@@ -304,6 +304,8 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
             "were dead-lettered (--on-truncated dead), the replies kept in the dead letters"
         )
     lines.extend(stop_lines(s.truncated, s.filtered, dead=False))
+    if s.size_bytes is not None:  # what `aiq prune` would shrink
+        lines.append(f"store: {size_text(s.size_bytes)} on disk")
     return lines
 
 
@@ -378,4 +380,31 @@ def replay_lines(r: Replayed) -> list[str]:
         shown = [f"{c} ({why})" for c, why in list(r.not_replayed.items())[:10]]
         more = len(r.not_replayed) - len(shown)
         lines.append("not replayed: " + ", ".join(shown) + (f" and {more:,} more" if more else ""))
+    return lines
+
+
+def prune_lines(p: Pruned) -> list[str]:
+    """What ``prune`` did: the jobs pruned, what it freed, the file's size, what it left."""
+    what = "forgot" if p.forgotten else "pruned"
+    jobs = [plural(n, f"{state} job") for n, state in ((p.done, "done"), (p.dead, "dead")) if n]
+    if jobs:
+        lines = [
+            f"{what} {' and '.join(jobs)}: {size_text(p.freed_bytes)} of requests, replies and "
+            "input lines (their lines stay in the results and dead-letter files)"
+        ]
+    else:
+        lines = ["nothing to prune: no exported job is that old"]
+    if jobs:
+        size = f"store {size_text(p.size_before)} -> {size_text(p.size_after)} on disk"
+        lines.append(size + (" (VACUUM)" if p.vacuumed else ""))
+    else:
+        lines.append(f"store {size_text(p.size_after)} on disk")
+    if p.vacuum_skipped:
+        lines.append(f"not shrunk: {p.vacuum_skipped}")
+    if p.not_exported:
+        lines.append(
+            f"left {plural(p.not_exported, 'job')} old enough but not in their output files "
+            "yet (or those files changed since aiq wrote them): run `aiq resume` to export "
+            "them, then prune again"
+        )
     return lines

@@ -31,6 +31,7 @@ from .pricing import price_for
 from .records import EnqueueCounts, Replayed, Stats
 from .replay import replay
 from .requestfile import read_requests
+from .retention import Pruned, prune, store_size, vacuum
 from .run_records import Export, Progress, RunSummary
 from .store import JobStore, open_store
 from .timeouts import Timeouts
@@ -328,7 +329,8 @@ async def store_status(config: Config) -> Stats:
     run = run_state(config.db)
     since = (run.sending_since or run.started_at) if run.active else None
     async with open_store(config.db, readonly=True) as store:
-        return dataclasses.replace(await store.stats(since=since), run=run)
+        stats = await store.stats(since=since)
+    return dataclasses.replace(stats, run=run, size_bytes=store_size(config.db))
 
 
 async def replay_dead(
@@ -340,3 +342,26 @@ async def replay_dead(
     require_store(config.db)
     async with open_store(config.db) as store:
         return await replay(store, error_type=error_type, custom_ids=custom_ids)
+
+
+async def prune_store(
+    config: Config,
+    *,
+    done_older_than_s: float,
+    dead_older_than_s: float | None = None,
+    keep_results: bool = False,
+    forget: bool = False,
+) -> Pruned:
+    """``aiq prune``: exported jobs' requests and replies out of the store, then a VACUUM
+    (aiq.retention). Holds the store's lock: a run must not finish or export jobs meanwhile."""
+    require_store(config.db)
+    async with StoreLock(config.db), open_store(config.db) as store:
+        before = store_size(config.db)
+        pruned = await prune(
+            store, done_older_than_s=done_older_than_s, dead_older_than_s=dead_older_than_s,
+            keep_results=keep_results, forget=forget,
+        )  # fmt: skip
+        if pruned.done or pruned.dead:
+            await vacuum(store, pruned)
+    pruned.size_before, pruned.size_after = before, store_size(config.db)
+    return pruned

@@ -36,6 +36,7 @@ _RESULT_SQL = {
     },
 }  # fmt: skip
 RESULT_COLUMNS = tuple(_RESULT_SQL)
+PRUNED_META = "pruned"  # set by the first prune (aiq.retention): exports carry lines over
 
 
 class JobStore(JobQueue):
@@ -85,6 +86,7 @@ class JobStore(JobQueue):
         rows = await self._db.execute_fetchall(
             "SELECT model, endpoint, body, tokens_in, finished_at FROM jobs WHERE id IN ("
             "SELECT id FROM jobs WHERE state = ? AND tokens_in > 0 AND finished_at > ? "
+            "AND length(body) > 0 "  # not a pruned one's: its request is gone
             "ORDER BY finished_at DESC LIMIT ?)",
             (DONE, since, limit),
         )
@@ -194,6 +196,24 @@ class JobStore(JobQueue):
                     if wanted.get(custom_id_hash(custom_id)) == custom_id:
                         found.setdefault(custom_id, []).append((job_id, state, error_type))
         return found
+
+    async def carried_ids(self, source: Source, *, state: int) -> set[int] | None:
+        """The custom_id hashes (items.ck) of ``source``'s lines in ``state`` (DONE: its
+        results file; DEAD: its dead letters) that only the file holds since a prune: of a
+        pruned job, or a forgotten one (then in either file). None if nothing was pruned."""
+        if await self.meta(PRUNED_META) is None:
+            return None
+        pruned = (
+            f"(j.state = {DONE} AND length(j.body) = 0 AND j.response IS NULL)"
+            if state == DONE
+            else f"(j.state = {DEAD} AND length(i.line) = 0)"
+        )
+        rows = await self._db.execute_fetchall(
+            "SELECT i.ck FROM items i LEFT JOIN jobs j ON j.k64 = i.job_k64 "
+            f"WHERE i.source_id = ? AND (j.id IS NULL OR {pruned})",
+            (source.id,),
+        )
+        return {r[0] for r in rows}
 
     async def result_rows(
         self,

@@ -1,8 +1,8 @@
 """The ``aiq`` command: parse flags into a Config, call the library, render the result.
 
 One module a group of commands (``batch``: add, run, resume; ``stored``: status, export,
-replay-dead; ``checks``: check, prices), over ``app`` (the typer app, the config, the error
-boundary), ``options`` and ``display``; ``entry.main`` is the console script.
+replay-dead; ``checks``: check, prices; ``retain``: prune), over ``app`` (the typer app, the
+config, the error boundary), ``options`` and ``display``; ``entry.main`` is the console script.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from .app import app
 from .batch import add, resume, run
 from .checks import check, prices_command
 from .entry import main
+from .retain import prune
 from .stored import export, replay_dead, status
 
 # Registered here, in the order `aiq --help` lists them.
@@ -22,5 +23,6 @@ app.command()(check)
 app.command("prices")(prices_command)
 app.command("replay-dead")(replay_dead)
 app.command()(export)
+app.command()(prune)
 
 __all__ = ["app", "main"]
