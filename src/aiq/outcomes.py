@@ -184,6 +184,7 @@ def _attempted(
         status_code=err.status_code,
         error_type=err.error_type,
         error_message=err.message,
+        request_id=err.request_id,
         latency_s=now - started,
         # No reply in time (not a 408, not a connection never made): it may have been billed.
         timed_out=err.error_type == "timeout" and err.status_code is None and not err.unreachable,

@@ -188,7 +188,12 @@ async def _write_dead(store: JobStore, source: Source, path: str) -> int:
                     "custom_id": custom_id,
                     "request": orjson.Fragment(line),
                     "attempts": attempts,
-                    "error": {"type": error_type, "status_code": status, "message": message},
+                    "error": {
+                        "type": error_type,
+                        "status_code": status,
+                        "message": message,
+                        "request_id": rid,  # the provider's id of the last call, if it named one
+                    },
                     "first_attempt_at": _iso(first_at),
                     "failed_at": _iso(failed_at),
                 }

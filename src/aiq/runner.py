@@ -24,6 +24,7 @@ from .costs import CostMeter
 from .database import require_store
 from .errors import FatalProviderError, UsageError
 from .intake import enqueue_file, no_store_left_on_bad_input
+from .joblog import OnAttempt
 from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
 from .outputs import export_all
@@ -75,12 +76,14 @@ async def run_batch(
     progress_interval_s: float = 0.5,
     handle_signals: bool = False,
     lock_wait_s: float = 0.0,
+    on_attempt: OnAttempt | None = None,
 ) -> RunSummary:
     """``aiq run FILE`` (with ``input_path``) or ``aiq resume`` (without).
 
     Holds the store's lock throughout, recovers jobs a dead run left ``running``, works until
     nothing is due, then exports every input file's results and dead letters. ``on_added``
-    hears what the file added (and its invalid lines) before anything is sent.
+    hears what the file added (and its invalid lines) before anything is sent; ``on_attempt``
+    what each attempt came to, named by custom_id and request id (aiq.joblog), for a log.
     """
     started = time.monotonic()
     if input_path is None:
@@ -91,7 +94,7 @@ async def run_batch(
     with no_store_left_on_bad_input(config.db):
         async with StoreLock(config.db, wait_s=lock_wait_s) as lock, open_store(config.db) as store:
             config, added = await _ready(store, config, lock, input_path, out, dead, on_added)
-            worker, transport = await _worker(store, config)
+            worker, transport = await _worker(store, config, on_attempt)
             tick = _ticker(on_progress, metrics)
             try:
                 stopped = await _work(worker, config, tick, progress_interval_s, handle_signals)
@@ -130,7 +133,9 @@ async def _ready(
     return config, added
 
 
-async def _worker(store: JobStore, config: Config) -> tuple[Worker, httpx.AsyncBaseTransport]:
+async def _worker(
+    store: JobStore, config: Config, on_attempt: OnAttempt | None = None
+) -> tuple[Worker, httpx.AsyncBaseTransport]:
     """The run's Worker over ``store``, and the transport under its provider (to close)."""
     from .breaker import Breakers
     from .limiter import Limiters
@@ -160,6 +165,7 @@ async def _worker(store: JobStore, config: Config) -> tuple[Worker, httpx.AsyncB
         costs=await _cost_meter(store, config, stats),
         timeouts=Timeouts(ceiling_s=config.timeout_s),
         on_truncated=config.on_truncated,
+        on_attempt=on_attempt,
     )
     return worker, transport
 

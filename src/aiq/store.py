@@ -197,6 +197,23 @@ class JobStore(JobQueue):
                         found.setdefault(custom_id, []).append((job_id, state, error_type))
         return found
 
+    async def unfinished_custom_ids(self) -> dict[int, str]:
+        """The custom_id of every queued or running job (the first line naming it), by job
+        id: one pass over the items, each finding its job by key (CROSS JOIN keeps that
+        order: driven from the jobs, each would scan the items, which have no index by job).
+        For a run's log (aiq.joblog) only: a dict of every unfinished job."""
+        ids: dict[int, str] = {}
+        async with self._db.execute(
+            "SELECT j.id, i.custom_id FROM items i CROSS JOIN jobs j ON j.k64 = i.job_k64 "
+            "WHERE j.state IN (?, ?)",
+            (QUEUED, RUNNING),
+        ) as cur:
+            cur.arraysize = 1000
+            while rows := await cur.fetchmany():
+                for job_id, custom_id in rows:
+                    ids.setdefault(job_id, custom_id)
+        return ids
+
     async def carried_ids(self, source: Source, *, state: int) -> set[int] | None:
         """The custom_id hashes (items.ck) of ``source``'s lines in ``state`` (DONE: its
         results file; DEAD: its dead letters) that only the file holds since a prune: of a

@@ -25,6 +25,7 @@ from .options import (
     DryRunOpt,
     JsonOpt,
     LogFileOpt,
+    LogFormatOpt,
     MaxCostOpt,
     MaxOutageOpt,
     MaxRuntimeOpt,
@@ -84,6 +85,12 @@ def add(
     guard(traceback, body)
 
 
+def _log_format(value: str) -> str:
+    if value not in ("text", "json"):
+        raise UsageError(f"--log-format {value!r}: give text or json")
+    return value
+
+
 def _check_wait(wait: float) -> None:
     if not wait >= 0:  # NaN too
         raise UsageError(f"--wait {wait:g}: give the seconds to wait for the store, 0 or more")
@@ -107,6 +114,7 @@ def _run(
                 on_added=on_added,
                 handle_signals=True,
                 lock_wait_s=wait,
+                on_attempt=display.on_attempt,
             )
         )
         display.summary(summary)
@@ -115,6 +123,7 @@ def _run(
 
         if isinstance(exc.summary, RunSummary):
             display.summary(exc.summary)
+        display.error(str(exc), exc.exit_code)
         raise
     finally:
         display.close()
@@ -141,6 +150,7 @@ def run(
     max_outage: MaxOutageOpt = None,
     metrics_file: MetricsOpt = None,
     log_file: LogFileOpt = None,
+    log_format: LogFormatOpt = "text",
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
@@ -163,7 +173,7 @@ def run(
         )  # fmt: skip
         if dry_run:
             _dry_run(file, cfg, as_json)
-        display = Display(quiet, as_json, log_file)
+        display = Display(quiet, as_json, log_file, _log_format(log_format))
         if not (quiet or cfg.db.exists()):
             display.new_store = cfg.db
         _run(file, cfg, out, dead, display, wait)
@@ -205,6 +215,7 @@ def resume(
     max_outage: MaxOutageOpt = None,
     metrics_file: MetricsOpt = None,
     log_file: LogFileOpt = None,
+    log_format: LogFormatOpt = "text",
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
@@ -223,6 +234,7 @@ def resume(
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
             max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
         )  # fmt: skip
-        _run(None, cfg, out, dead, Display(quiet, as_json, log_file), wait)
+        display = Display(quiet, as_json, log_file, _log_format(log_format))
+        _run(None, cfg, out, dead, display, wait)
 
     guard(traceback, body)

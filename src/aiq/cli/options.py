@@ -77,6 +77,13 @@ MetricsOpt = Annotated[
 LogFileOpt = Annotated[
     Path | None, typer.Option("--log-file", help="Append timestamped progress and summary here.")
 ]
+LogFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        help="text | json: the log as JSON lines (to --log-file, else stderr), a line an attempt.",
+    ),
+]
 DryRunOpt = Annotated[
     bool,
     typer.Option(

@@ -75,6 +75,7 @@ class ProviderError(Exception):
         retry_after_upper: bool = False,
         limits: RateLimitInfo | None = None,
         unreachable: bool = False,
+        request_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.error_type = error_type
@@ -89,6 +90,9 @@ class ProviderError(Exception):
         self.limits = limits
         # The request never reached a server: refused, unknown host, connect timeout.
         self.unreachable = unreachable
+        # The provider's id of the failed call, when its reply named one: for its support,
+        # and to follow the job through its retries (the log, the dead letter).
+        self.request_id = request_id
 
 
 def error_from(
@@ -98,6 +102,7 @@ def error_from(
     key_env: str,
     secret: str | None,
     code_keys: tuple[str, ...] = ("code", "type"),
+    request_id_header: str = "x-request-id",
 ) -> ProviderError:
     """The classified ProviderError of a non-200 reply: the provider's message (``secret``
     cut out of it) and code, the class from the one table, a hint for fatal ones, its
@@ -116,6 +121,7 @@ def error_from(
         retry_after_s=retry_after_s(resp.headers, message),
         retry_after_upper=retry_after_upper(resp.headers),
         limits=read_rate_limits(resp.headers),
+        request_id=resp.headers.get(request_id_header),
     )
 
 
