@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
-from conftest import read_jsonl, run_aiq, write_prompts
+from conftest import read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
 
 from aiq.durations import parse_age
@@ -193,6 +194,23 @@ def test_dead_jobs_are_pruned_with_their_dead_letters_kept(
     assert run_aiq("export", cwd=tmp_path).returncode == 0
     assert _by_id(dead) == letters and len(read_jsonl(dead)) == 3
     assert len(read_jsonl(tmp_path / "b.results.jsonl")) == 5
+
+
+def test_a_prune_waits_for_no_run_it_refuses_while_one_works(ran: Path) -> None:
+    write_prompts(ran / "b.jsonl", [(f"s{i}", f"slow {i}") for i in range(50)], mode="a")
+    with FakeServer(latency_s=0.5) as slow:
+        run = start_aiq("run", "b.jsonl", "--base-url", slow.base_url, "--model", "m", cwd=ran)
+        try:
+            deadline = time.monotonic() + 20
+            while not slow.requests and time.monotonic() < deadline:  # it holds the lock
+                time.sleep(0.05)
+            proc = run_aiq("prune", "--done-older-than", "0s", cwd=ran)
+        finally:
+            run.kill()
+            run.wait(timeout=30)
+    assert proc.returncode == 3, proc.stderr
+    assert "another aiq run holds" in proc.stderr and "--wait SECONDS" in proc.stderr
+    assert _status(ran)["size_bytes"] > 0
 
 
 def test_bad_ages_are_refused(ran: Path) -> None:

@@ -357,11 +357,12 @@ async def prune_store(
     dead_older_than_s: float | None = None,
     keep_results: bool = False,
     forget: bool = False,
+    lock_wait_s: float = 0.0,
 ) -> Pruned:
     """``aiq prune``: exported jobs' requests and replies out of the store, then a VACUUM
     (aiq.retention). Holds the store's lock: a run must not finish or export jobs meanwhile."""
     require_store(config.db)
-    async with StoreLock(config.db), open_store(config.db) as store:
+    async with StoreLock(config.db, wait_s=lock_wait_s), open_store(config.db) as store:
         before = store_size(config.db)
         pruned = await prune(
             store, done_older_than_s=done_older_than_s, dead_older_than_s=dead_older_than_s,

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import UsageError
 from .app import guard, load_config, sync
-from .options import ConfigOpt, DbOpt, TracebackOpt
+from .options import ConfigOpt, DbOpt, TracebackOpt, WaitOpt
 
 
 def prune(
@@ -37,6 +37,7 @@ def prune(
             help="Delete the jobs whole, keys too: a re-run of their lines sends them again.",
         ),
     ] = False,
+    wait: WaitOpt = 0.0,
     db: DbOpt = None,
     config: ConfigOpt = None,
     traceback: TracebackOpt = False,
@@ -51,6 +52,8 @@ def prune(
         from .. import report, runner
         from ..durations import parse_age
 
+        if not wait >= 0:  # NaN too
+            raise UsageError(f"--wait {wait:g}: give the seconds to wait for the store, 0 or more")
         try:
             done_s = parse_age(done_older_than)
             dead_s = None if dead_older_than is None else parse_age(dead_older_than)
@@ -59,7 +62,7 @@ def prune(
         pruned = sync(
             runner.prune_store(
                 load_config(db, config), done_older_than_s=done_s, dead_older_than_s=dead_s,
-                keep_results=keep_results, forget=forget,
+                keep_results=keep_results, forget=forget, lock_wait_s=wait,
             )
         )  # fmt: skip
         print("\n".join(report.prune_lines(pruned)))
