@@ -213,6 +213,24 @@ def test_a_prune_waits_for_no_run_it_refuses_while_one_works(ran: Path) -> None:
     assert _status(ran)["size_bytes"] > 0
 
 
+def test_lines_no_file_holds_after_a_prune_are_counted(ran: Path, server: FakeServer) -> None:
+    assert run_aiq("prune", "--done-older-than", "0s", cwd=ran).returncode == 0
+    sent = len(server.requests)
+    # Another file asking for three of the pruned requests: sent once, their replies are in
+    # b.results.jsonl only.
+    write_prompts(ran / "c.jsonl", [(f"c{i}", f"{i} {_LONG}") for i in range(3)])
+    proc = run_aiq("run", "c.jsonl", "--base-url", server.base_url, "--model", "m", cwd=ran)
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.requests) == sent
+    assert "pruned: 3 lines of " in proc.stdout and "c.jsonl are in neither file" in proc.stdout
+    assert (ran / "c.results.jsonl").read_text() == ""
+    # A results file removed after the prune: its lines are gone, and said to be.
+    (ran / "b.results.jsonl").unlink()
+    proc = run_aiq("export", cwd=ran)
+    assert f"pruned: {_N} lines of " in proc.stdout, proc.stdout
+    assert "pruned: 3 lines of " in proc.stdout
+
+
 def test_bad_ages_are_refused(ran: Path) -> None:
     for bad in ("30", "d", "-1d", "thirty days"):
         proc = run_aiq("prune", "--done-older-than", bad, cwd=ran)

@@ -85,13 +85,21 @@ async def export_source(
         if stamp is not None and wanted is not None and _same_files(stamp, wanted):
             n_results, n_dead = stamp["results"][-1], stamp["dead"][-1]
             return Export(source.path, results_path, dead_path, n_results, n_dead, written=False)
-    n_results = await _write_results(store, source, order, results_path)
-    n_dead = await _write_dead(store, source, dead_path)
+    carried = await store.carried_ids(source)
+    done_ids = dead_ids = None
+    if carried is not None:  # lines to copy from the old files (taken off as they are)
+        done_ids, dead_ids = carried.done | carried.forgotten, carried.dead | carried.forgotten
+    n_results = await _write_results(store, source, order, results_path, done_ids)
+    n_dead = await _write_dead(store, source, dead_path, dead_ids)
+    lost = 0
+    if carried is not None and done_ids is not None and dead_ids is not None:
+        lost = len(done_ids & carried.done) + len(dead_ids & carried.dead)
+        lost += len(done_ids & dead_ids & carried.forgotten)
     if skip_unchanged:
         stamp = _stamp(changes, order, results_path, dead_path, n_results, n_dead)
         if stamp is not None:
             await store.save_export_stamp(source, {**stamp, "at": at})
-    return Export(source.path, results_path, dead_path, n_results, n_dead)
+    return Export(source.path, results_path, dead_path, n_results, n_dead, pruned_lost=lost)
 
 
 async def exported_at(store: JobStore, source: Source) -> float | None:
@@ -140,11 +148,13 @@ def _custom_id_of(line: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
-async def _write_results(store: JobStore, source: Source, order: str, path: str) -> int:
+async def _write_results(
+    store: JobStore, source: Source, order: str, path: str, carried: set[int] | None
+) -> int:
     """Write ``source``'s results file; returns its lines. A pruned job's (no reply in the
-    store) comes from the old file, first: the oldest, in the order that file had."""
+    store; its hash in ``carried``) comes from the old file, first: the oldest, in the order
+    that file had."""
     n, dumps = 0, orjson.dumps
-    carried = await store.carried_ids(source, state=DONE)
     with AtomicFile(path) as f:
         for line in _carried(source.out_path, carried):
             f.write(line)
@@ -175,11 +185,10 @@ def _one_line(body: bytes) -> bytes:
     return body.replace(b"\r", b" ").replace(b"\n", b" ")
 
 
-async def _write_dead(store: JobStore, source: Source, path: str) -> int:
+async def _write_dead(store: JobStore, source: Source, path: str, carried: set[int] | None) -> int:
     """Write ``source``'s dead-letter file, in input order (a pruned job's first, from the
-    old file); returns its lines."""
+    old file: its hash in ``carried``); returns its lines."""
     n, dumps = 0, orjson.dumps
-    carried = await store.carried_ids(source, state=DEAD)
     with AtomicFile(path) as f:
         for line in _carried(source.dead_path, carried):
             f.write(line)

@@ -157,6 +157,17 @@ class EnqueueCounts:
         return SKIPPED_LINES if self.invalid else 0
 
 
+@dataclass(slots=True)
+class Carried:
+    """One input file's lines that only its output files hold since a prune (aiq.retention),
+    as custom_id hashes (items.ck): of pruned done jobs (in its results file), of pruned dead
+    ones (its dead letters), and of forgotten jobs (in either)."""
+
+    done: set[int] = field(default_factory=set)
+    dead: set[int] = field(default_factory=set)
+    forgotten: set[int] = field(default_factory=set)
+
+
 @dataclass(slots=True, kw_only=True)
 class Pruned:
     """What ``prune`` did: jobs pruned by state, what was left as not exported yet, the bytes

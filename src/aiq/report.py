@@ -269,10 +269,17 @@ def defaults_line(applied: dict[str, int]) -> str:
 def export_lines(e: Export) -> list[str]:
     """Where one input file's results and dead letters are, and how many lines each has."""
     same = "" if e.written else ", unchanged"
-    return [
+    lines = [
         f"results: {e.results_path} ({plural(e.results, 'line')}{same})",
         f"dead letters: {e.dead_path} ({plural(e.dead, 'line')}{same})",
     ]
+    if e.pruned_lost:
+        lines.append(
+            f"pruned: {plural(e.pruned_lost, 'line')} of {e.source} are in neither file: `aiq "
+            "prune` left them to these files, which no longer hold them (moved or edited "
+            "since), or another input file's results hold them (the same requests, sent once)"
+        )
+    return lines
 
 
 def status_lines(s: Stats, *, now: float | None = None) -> list[str]:

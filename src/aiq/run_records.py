@@ -100,6 +100,9 @@ class Export:
     results: int
     dead: int
     written: bool = True  # False: the files were already what the store holds
+    # Lines a prune left to the old files that they did not hold (moved, cut, or a new input
+    # file asking for a request pruned from another's): in no file now.
+    pruned_lost: int = 0
 
 
 @dataclass(slots=True, kw_only=True)

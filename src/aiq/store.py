@@ -21,7 +21,7 @@ import orjson
 from . import tallies
 from .inputs import custom_id_hash
 from .jobqueue import JobQueue
-from .records import DEAD, DONE, QUEUED, RUNNING, Source, Stats, Target
+from .records import DEAD, DONE, QUEUED, RUNNING, Carried, Source, Stats, Target
 
 # What result_rows can select: a column of the item (its input line) or of its job.
 _RESULT_SQL = {
@@ -214,23 +214,24 @@ class JobStore(JobQueue):
                     ids.setdefault(job_id, custom_id)
         return ids
 
-    async def carried_ids(self, source: Source, *, state: int) -> set[int] | None:
-        """The custom_id hashes (items.ck) of ``source``'s lines in ``state`` (DONE: its
-        results file; DEAD: its dead letters) that only the file holds since a prune: of a
-        pruned job, or a forgotten one (then in either file). None if nothing was pruned."""
+    async def carried_ids(self, source: Source) -> Carried | None:
+        """``source``'s lines that only its output files hold since a prune: of a pruned job
+        (a done one without its reply, a dead one without its input line) or a forgotten
+        one (no job). None if nothing was ever pruned: the usual export reads no more."""
         if await self.meta(PRUNED_META) is None:
             return None
-        pruned = (
-            f"(j.state = {DONE} AND length(j.body) = 0 AND j.response IS NULL)"
-            if state == DONE
-            else f"(j.state = {DEAD} AND length(i.line) = 0)"
-        )
+        carried = Carried()
+        kinds = {0: carried.forgotten, DONE: carried.done, DEAD: carried.dead}
         rows = await self._db.execute_fetchall(
-            "SELECT i.ck FROM items i LEFT JOIN jobs j ON j.k64 = i.job_k64 "
-            f"WHERE i.source_id = ? AND (j.id IS NULL OR {pruned})",
+            f"SELECT i.ck, CASE WHEN j.id IS NULL THEN 0 ELSE j.state END "
+            "FROM items i LEFT JOIN jobs j ON j.k64 = i.job_k64 WHERE i.source_id = ? AND ("
+            f"j.id IS NULL OR (j.state = {DONE} AND length(j.body) = 0 AND j.response IS NULL) "
+            f"OR (j.state = {DEAD} AND length(i.line) = 0))",
             (source.id,),
         )
-        return {r[0] for r in rows}
+        for ck, kind in rows:
+            kinds[kind].add(ck)
+        return carried
 
     async def result_rows(
         self,
