@@ -81,7 +81,8 @@ LogFormatOpt = Annotated[
     str,
     typer.Option(
         "--log-format",
-        help="text | json: the log as JSON lines (to --log-file, else stderr), a line an attempt.",
+        help="text | json: JSON lines, one an attempt, to --log-file or stderr (default: text).",
+        show_default=False,
     ),
 ]
 DryRunOpt = Annotated[

@@ -44,8 +44,7 @@ def prune(
 ) -> None:
     """Remove exported jobs' requests and replies from the store, then shrink its file.
 
-    Only jobs whose results and dead-letter files a run has written since they finished,
-    files still as aiq left them, are pruned; their lines stay in those files.
+    Only jobs a run has exported since they finished are pruned; their lines stay in the files.
     """
 
     def body() -> None:
