@@ -77,6 +77,8 @@ class Display:
     def progress(self, p: Any) -> None:
         for show in self._shows:
             show(p)
+        if self._jsonl is not None:  # twice a second: a shipper tailing the log lags no more
+            self._jsonl.flush()
 
     def added(self, path: Path, c: EnqueueCounts) -> None:
         """The file is read: say what was wrong with it now, not hours later at the end."""
