@@ -269,5 +269,6 @@ def test_status_loads_no_http_client_and_no_renderer(tmp_path: Path) -> None:
     assert (tmp_path / ".aiq" / "aiq.db").exists()
     mods = loaded(_cli("status"), tmp_path)
     assert {"aiq.runner", "aiosqlite"} <= mods  # it did read the store
-    unused = {"httpx", "aiohttp", "yaml", "rich", "aiq.worker", "aiq.limiter"} & mods
+    engine = {"aiq.worker", "aiq.limiter", "aiq.limiters"}
+    unused = {"httpx", "aiohttp", "yaml", "rich", *engine} & mods
     assert not unused, sorted(unused)

@@ -33,7 +33,7 @@ _EXPORTS = {
     "BadLine": "inputs",
     "Defaults": "inputs",
     "Request": "inputs",
-    "Limiters": "limiter",
+    "Limiters": "limiters",
     "RateLimiter": "limiter",
     "export_source": "outputs",
     "CheckReport": "preflight",
@@ -103,7 +103,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     )
     from .forecast import Forecast
     from .inputs import BadLine, Defaults, Request
-    from .limiter import Limiters, RateLimiter
+    from .limiter import RateLimiter
+    from .limiters import Limiters
     from .outputs import export_source
     from .preflight import CheckReport, Finding, run_checks
     from .prices import PriceRow, prices_in_force

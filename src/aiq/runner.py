@@ -132,7 +132,7 @@ async def _ready(
 async def _worker(store: JobStore, config: Config) -> tuple[Worker, httpx.AsyncBaseTransport]:
     """The run's Worker over ``store``, and the transport under its provider (to close)."""
     from .breaker import Breakers
-    from .limiter import Limiters
+    from .limiters import Limiters
     from .providers.factory import make_provider  # (it loads the HTTP clients)
     from .worker import RetryPolicy, Worker
 

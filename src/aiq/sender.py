@@ -24,7 +24,8 @@ from .breaker import Breakers
 from .concurrency import AutoConcurrency
 from .costs import Charge, CostMeter
 from .dispatch import Dispatcher
-from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
+from .limiter import RateLimiter, RequestTooLarge, Ticket
+from .limiters import Limiters
 from .outcomes import NO_REFUSALS, Health, Refusals, RetryPolicy
 from .providers.base import Provider, ProviderError, Reply
 from .records import QUEUED, Job, Outcome
