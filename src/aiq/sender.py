@@ -238,7 +238,7 @@ class Sender:
             started=started,
             finished=finished,
             model=charge.model,
-            cost_usd=self.costs.settle(charge, reply.usage),
+            cost_usd=self.costs.settle(charge, reply.usage, reply.tier),
             dead_truncated=self._dead_truncated,
         )
 
