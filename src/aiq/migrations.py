@@ -244,4 +244,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         BEGIN {_tally("OLD", "-")} {_tally("NEW", "")} END;
         """,
     ),
+    (
+        # A job's priority: claimed before every lower one, then as before (jobs put back to
+        # wait, by when they came due, then untried ones, in input order). The line's own
+        # `priority` or its file's --priority; a request many lines share takes the highest
+        # (enqueue._raise_priorities). The index that served claims, (state, next_at), gains
+        # priority as its last column instead of a second index beside it: untried jobs
+        # (next_at 0) then come in the claim's order, highest first, and in input order
+        # within one (the rowid follows), read in order with no sort; every query the old
+        # index served reads its prefix. An `add` appends to one index, as before.
+        "0009_priority",
+        """
+        ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+        DROP INDEX jobs_state_next;
+        CREATE INDEX jobs_claim ON jobs (state, next_at, priority DESC);
+        """,
+    ),
 ]

@@ -95,6 +95,7 @@ class Job:
     first_attempt_at: float | None
     model: str | None = None
     due_at: float = 0.0  # when it came due; 0: never put back (by a retry or a rate limit)
+    priority: int = 0  # claimed before lower ones
 
 
 @dataclass(slots=True)
