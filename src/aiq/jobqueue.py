@@ -63,6 +63,12 @@ class JobQueue(Database):
                     "after --max-attempts' WHERE state = ? AND attempts >= ?",
                     (DEAD, now, RUNNING, max_attempts),
                 )
+                await self._db.execute(  # in the errors' history too (`aiq show`)
+                    "INSERT INTO errors (job_id, attempts, at, error_type, message, state) "
+                    "SELECT id, attempts, finished_at, error_type, error_message, state FROM jobs "
+                    "WHERE state = ? AND finished_at = ? AND error_type = 'crashed'",
+                    (DEAD, now),
+                )
             cur = await self._db.execute(
                 "UPDATE jobs SET state = ?, lease_until = NULL WHERE state = ?", (QUEUED, RUNNING)
             )
@@ -193,6 +199,18 @@ class JobQueue(Database):
             "latency_s = ?, model = ?, cost_usd = ?, timeouts = timeouts + ? WHERE id = ?",
             rows,
         )
+        # Every failure, for `aiq show` (the row above keeps only the last); a success none.
+        failures = [o for o in outcomes if o.error_type is not None and o.state != DONE]
+        if failures:
+            await self._db.executemany(
+                "INSERT INTO errors (job_id, attempts, at, error_type, status_code, message, "
+                "request_id, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (o.job_id, o.attempts, o.finished_at or o.started_at + (o.latency_s or 0.0),
+                     o.error_type, o.status_code, o.error_message, o.request_id, o.state)
+                    for o in failures
+                ],
+            )  # fmt: skip
 
     async def count_jobs(self) -> int:
         """Jobs in the store, in every state, from the kept tallies."""

@@ -35,7 +35,7 @@ async def replay(
     if not result.dead_types:
         return result
     if error_type is not None and error_type not in result.dead_types:
-        raise UsageError(_unknown_type(error_type, result.dead_types))
+        raise UsageError(unknown_type(error_type, result.dead_types))
     job_ids = None
     if custom_ids:
         job_ids = [j for jobs in found.values() for j, state, _ in jobs if state == DEAD]
@@ -59,12 +59,15 @@ def _listing(noun: str, names: list[str], most: int = 10) -> str:
     return f"{plural(len(names), noun)} {shown}{more}"
 
 
-def _unknown_type(error_type: str, dead_types: dict[str, int]) -> str:
+def unknown_type(
+    error_type: str, dead_types: dict[str, int], done: str = "replayed", flag: str = "--error"
+) -> str:
+    """Why ``error_type`` is refused: no dead job has it (the close one, and those they have)."""
     close = [t for t in dead_types if t.startswith(error_type)]
     close += difflib.get_close_matches(error_type, [t for t in dead_types if t not in close], 1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     have = ", ".join(f"{t} {n:,}" for t, n in dead_types.items())
     return (
-        f"no dead job has the error type {error_type!r}{hint}; nothing was replayed. The dead "
-        f"jobs' error types: {have}. Pass one of them to --error, or no --error for every one"
+        f"no dead job has the error type {error_type!r}{hint}; nothing was {done}. The dead "
+        f"jobs' error types: {have}. Pass one of them to {flag}, or no {flag} for every one"
     )

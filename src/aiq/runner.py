@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import calibration, machine, routing
+from . import calibration, inspection, machine, routing
 from .config import Config
 from .contract import StopReason
 from .costs import CostMeter
@@ -329,6 +329,22 @@ async def store_status(config: Config) -> Stats:
     since = (run.sending_since or run.started_at) if run.active else None
     async with open_store(config.db, readonly=True) as store:
         return dataclasses.replace(await store.stats(since=since), run=run)
+
+
+async def dead_errors(
+    config: Config, *, error_type: str | None = None, limit: int = 5
+) -> list[inspection.DeadType]:
+    """``aiq errors``: read-only, so it works while a run holds the store."""
+    require_store(config.db)
+    async with open_store(config.db, readonly=True) as store:
+        return await inspection.dead_errors(store, error_type=error_type, limit=limit)
+
+
+async def show(config: Config, custom_id: str) -> list[inspection.Shown]:
+    """``aiq show``: read-only, so it works while a run holds the store."""
+    require_store(config.db)
+    async with open_store(config.db, readonly=True) as store:
+        return await inspection.show(store, custom_id)
 
 
 async def replay_dead(
