@@ -27,6 +27,7 @@ from .intake import enqueue_file, no_store_left_on_bad_input
 from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
 from .outputs import export_all
+from .overrides import parse_sets
 from .pricing import price_for
 from .records import EnqueueCounts, Replayed, Stats
 from .replay import replay
@@ -348,11 +349,21 @@ async def show(config: Config, custom_id: str) -> list[inspection.Shown]:
 
 
 async def replay_dead(
-    config: Config, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
+    config: Config,
+    *,
+    error_type: str | None = None,
+    custom_ids: tuple[str, ...] = (),
+    sets: tuple[str, ...] = (),
+    dry_run: bool = False,
 ) -> Replayed:
     """``aiq replay-dead``: dead jobs (all, of one error type, of these custom_ids) back to
-    queued, attempts reset; UsageError, and nothing replayed, for a filter that names what
-    the store does not have (see replay.replay)."""
+    queued, attempts reset, with ``sets`` (``FIELD=VALUE``) as new requests with those body
+    fields changed; UsageError, and nothing replayed, for a filter that names what the store
+    does not have or a change that makes a body invalid (see replay.replay). ``dry_run``:
+    what it would do, the store unchanged."""
+    changes = parse_sets(sets)
     require_store(config.db)
-    async with open_store(config.db) as store:
-        return await replay(store, error_type=error_type, custom_ids=custom_ids)
+    async with open_store(config.db, readonly=dry_run) as store:
+        return await replay(
+            store, error_type=error_type, custom_ids=custom_ids, sets=changes, dry_run=dry_run
+        )

@@ -236,6 +236,39 @@ class JobStore(JobQueue):
         )
         return [(t, c) for t, c in rows]
 
+    async def dead_jobs(
+        self, *, error_type: str | None = None, job_ids: Sequence[int] | None = None
+    ) -> list[tuple[int, int, int, str, bytes]]:
+        """Dead jobs (all, of one last error type, among ``job_ids``) as (id, k64, priority,
+        endpoint, body), in id order."""
+        where, params = "state = ?", list[object]([DEAD])
+        if error_type is not None:
+            where += " AND coalesce(error_type, '?') = ?"
+            params.append(error_type)
+        found = []
+        ids = sorted(set(job_ids)) if job_ids is not None else [None]
+        for i in range(0, len(ids), 900):
+            chunk = ids[i : i + 900]
+            only = "" if job_ids is None else f" AND id IN ({', '.join('?' * len(chunk))})"
+            rows = await self._db.execute_fetchall(
+                f"SELECT id, k64, priority, endpoint, body FROM jobs WHERE {where}{only} "
+                "ORDER BY id",
+                [*params, *([] if job_ids is None else chunk)],
+            )
+            found += [(i_, k, p, e, bytes(b)) for i_, k, p, e, b in rows]
+        return found
+
+    async def custom_id_of(self, job_id: int) -> str | None:
+        """A custom_id whose line asks for this job, if any (a pass over the items)."""
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT custom_id FROM items WHERE job_k64 = (SELECT k64 FROM jobs WHERE id = ?) "
+                "LIMIT 1",
+                (job_id,),
+            )
+        )
+        return rows[0][0] if rows else None
+
     async def items_named(self, custom_id: str) -> list[dict[str, Any]]:
         """Every input line named ``custom_id`` (one a file) with its job's row, in the order
         the files were added: the request as sent, the reply as stored, the job's record."""

@@ -90,6 +90,17 @@ def replay_dead(
     ids: Annotated[
         list[str] | None, typer.Option("--id", help="Only this custom_id (repeatable).")
     ] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="FIELD=VALUE: send with this body field changed (VALUE as JSON, else text; "
+            "null takes it out); repeatable.",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say how many jobs and which fields would change.")
+    ] = False,
     traceback: TracebackOpt = False,
 ) -> None:
     """Move dead jobs back to the queue with attempts reset (then `aiq resume`)."""
@@ -99,7 +110,11 @@ def replay_dead(
 
         replayed = sync(
             runner.replay_dead(
-                load_config(db, config), error_type=error, custom_ids=tuple(ids or ())
+                load_config(db, config),
+                error_type=error,
+                custom_ids=tuple(ids or ()),
+                sets=tuple(sets or ()),
+                dry_run=dry_run,
             )
         )
         print("\n".join(report.replay_lines(replayed)))
