@@ -28,7 +28,7 @@ import orjson
 from . import tallies
 from .database import count_change, rollback
 from .inputs import KEEP_BAD_LINES, BadLine, Request, count_defaults
-from .records import DEAD, DONE, QUEUED, EnqueueCounts, Source
+from .records import DEAD, DONE, QUEUED, RUNNING, EnqueueCounts, Source
 from .requestfile import Prefix, RequestFile
 from .store import JobStore
 
@@ -192,6 +192,7 @@ async def _write_all(
 ) -> None:
     """Write the parser's batches, committing every LINES_PER_COMMIT lines."""
     since_commit, before = 0, db.total_changes
+    priorities = _Priorities()
     try:
         while (batch := await parser.next()) is not None:
             if not db.in_transaction:
@@ -199,7 +200,7 @@ async def _write_all(
                 before = db.total_changes
                 if forget_prefix():
                     await db.execute("DELETE FROM prefixes WHERE source_id = ?", (source.id,))
-            await _insert(db, source, batch, now, counts)
+            await _insert(db, source, batch, now, counts, priorities)
             since_commit += batch.lines
             if since_commit >= LINES_PER_COMMIT:
                 await count_change(db, before)
@@ -214,7 +215,12 @@ async def _write_all(
 
 
 async def _insert(
-    db: aiosqlite.Connection, source: Source, b: Batch, now: float, counts: EnqueueCounts
+    db: aiosqlite.Connection,
+    source: Source,
+    b: Batch,
+    now: float,
+    counts: EnqueueCounts,
+    priorities: _Priorities,
 ) -> None:
     """Insert one batch inside the caller's transaction, adding to ``counts``."""
     counts.valid += b.valid
@@ -226,22 +232,49 @@ async def _insert(
     if added:  # counted here, once a batch: a trigger a row took twice the inserts' time
         await tallies.add_queued(db, added)
     if added < len(b.jobs) // JOB_PARAMS:  # requests the store had: a line may raise one
-        await _raise_priorities(db, b.jobs)
+        await priorities.raise_known(db, b.jobs)
+    elif added:
+        priorities.lower(b.jobs)
     counts.jobs_added += added
     # Inserted plus re-pointed items; _finish takes the re-pointed off.
     counts.new += await _insert_rows(db, items_sql, source.id, b.items, ITEM_PARAMS)
 
 
-async def _raise_priorities(db: aiosqlite.Connection, jobs: list[Any]) -> None:
-    """Give each unfinished request of ``jobs`` (a batch's flat rows) the highest priority a
-    line asks of it: one request answers every line that has it, so the most urgent decides.
-    Not the latest: a nightly cron re-adding its file at 0 must not demote a request an
-    urgent file shares. Only batches holding a known request pay for it (a fresh add none).
+class _Priorities:
+    """Gives each unfinished request the highest priority a line asks of it: one request
+    answers every line that has it, so the most urgent decides. Not the latest: a nightly
+    cron re-adding its file at 0 must not demote a request an urgent file shares.
+
+    Only batches holding a known request can raise one (a fresh add pays nothing), and only
+    a line above the lowest unfinished priority can: a file read again at the priority it
+    had (the usual re-read, at 0) is one look at the index, not a lookup per line.
     """
-    rows = [(jobs[i + 4], jobs[i], DONE) for i in range(0, len(jobs), JOB_PARAMS)]
-    await db.executemany(
-        "UPDATE jobs SET priority = ?1 WHERE k64 = ?2 AND priority < ?1 AND state != ?3", rows
-    )
+
+    def __init__(self) -> None:
+        self._floor: int | None = None  # the lowest unfinished priority; raises only lift it
+
+    def lower(self, jobs: list[Any]) -> None:
+        """Take in the priorities of a batch's new requests, once the floor is known."""
+        if self._floor is not None and jobs:
+            self._floor = min(self._floor, min(jobs[4::JOB_PARAMS]))
+
+    async def raise_known(self, db: aiosqlite.Connection, jobs: list[Any]) -> None:
+        """Raise the requests of ``jobs`` (a batch's flat rows) that a line asks more of."""
+        if self._floor is None:
+            ((floor,),) = await db.execute_fetchall(
+                # Covered by the (state, next_at, priority) index: no row is read.
+                "SELECT min(priority) FROM jobs WHERE state IN (?, ?, ?)",
+                (QUEUED, RUNNING, DEAD),
+            )
+            self._floor = 0 if floor is None else int(floor)
+        self.lower(jobs)  # the batch's own new requests, inserted first
+        if max(jobs[4::JOB_PARAMS]) <= self._floor:
+            return
+        rows = [(jobs[i + 4], jobs[i], DONE) for i in range(0, len(jobs), JOB_PARAMS)]
+        await db.executemany(
+            "UPDATE jobs SET priority = ?1 WHERE k64 = ?2 AND priority < ?1 AND state != ?3",
+            rows,
+        )
 
 
 async def _insert_rows(

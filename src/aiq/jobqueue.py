@@ -23,14 +23,16 @@ from .usage import Usage
 # behind every untried one, and its model's limit would go unused meanwhile. The two arms
 # merge on (priority, t): t is a waiting job's next_at made negative (before any id), an
 # untried job's id. The untried arm reads the (state, next_at, priority DESC) index in that
-# order and stops at the limit; the waiting arm sorts the jobs due now, a claim's few.
+# order and stops at the limit; the waiting arm sorts the jobs due now, a claim's few. Its
+# "none due before now" is `?4 >= 0`, not `next_at <= ?4`: beside `next_at = 0`, SQLite took
+# that range instead and sorted every untried job, each claim (34 ms at 200,000 jobs).
 _CLAIM = (
     "UPDATE jobs SET state = ?1, lease_until = ?2, deferred = 0, sent_at = NULL "
     "WHERE id IN (SELECT id FROM ("
     "  SELECT id, priority AS p, next_at - 1e13 AS t FROM jobs"
     "    WHERE state = ?3 AND next_at > 0 AND next_at <= ?4"
     "  UNION ALL"
-    "  SELECT id, priority, id FROM jobs WHERE state = ?3 AND next_at = 0 AND next_at <= ?4"
+    "  SELECT id, priority, id FROM jobs WHERE state = ?3 AND next_at = 0 AND ?4 >= 0"
     "  ORDER BY p DESC, t LIMIT ?5)"
     ") RETURNING id, endpoint, body, attempts, first_attempt_at, "
     # The model picks the job's rate limiter and price: read here, in SQLite's C JSON parser
