@@ -137,3 +137,31 @@ def test_replay_with_set_gives_one_result_line_per_custom_id_the_new_reply(
     shown = json.loads(run_aiq("show", "down1", "--json", cwd=tmp_path).stdout)["lines"][0]
     assert [e["type"] for e in shown["errors"]] == ["server", "server"]
     assert shown["state"] == "done" and shown["request"]["body"]["max_tokens"] == 64
+
+
+def test_an_id_named_moves_alone_off_a_request_it_shares(tmp_path: Path) -> None:
+    import asyncio
+
+    from aiq.defaults import Defaults
+    from aiq.enqueue import add_file
+    from aiq.replay import replay
+    from aiq.requestfile import read_requests
+    from aiq.store import JobStore
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"custom_id": "a", "prompt": "same"}\n{"custom_id": "b", "prompt": "same"}\n')
+
+    async def scenario() -> tuple[int, list[tuple[Any, ...]]]:
+        async with await JobStore.open(tmp_path / "aiq.db") as store:
+            source = await store.add_source(str(path), out_path="o", dead_path="d")
+            await add_file(store, source, read_requests(path, Defaults(model="m")))
+            async with store.transaction():
+                await store.connection.execute("UPDATE jobs SET state = 3, error_type = 'x'")
+            done = await replay(store, custom_ids=("a",), sets={"max_tokens": 5})
+            rows = await store.connection.execute_fetchall(
+                "SELECT i.custom_id, j.state, json_extract(j.body, '$.max_tokens') FROM items i "
+                "JOIN jobs j ON j.k64 = i.job_k64 ORDER BY i.custom_id"
+            )
+            return done.replayed, [tuple(r) for r in rows]
+
+    assert asyncio.run(scenario()) == (1, [("a", 0, 5), ("b", 3, None)])

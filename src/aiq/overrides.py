@@ -103,10 +103,11 @@ _ABSENT: Any = object()
 
 
 async def write(
-    store: JobStore, rebuilt: Sequence[Rebuilt], custom_ids: Sequence[str] | None
+    store: JobStore, rebuilt: Sequence[Rebuilt], named: Sequence[tuple[str, int]] | None
 ) -> int:
-    """Queue the new requests and re-point the old jobs' items to them (only those named
-    ``custom_ids``, when given), in one transaction; returns how many requests are queued.
+    """Queue the new requests and re-point the old jobs' items to them (only those of
+    ``named``, (custom_id, job id) pairs, when given), in one transaction; returns how many
+    requests are queued.
 
     A new request the store already has is not added again: queued or done it stays so (a
     done one's reply is the custom_id's at once), dead it is queued again.
@@ -134,38 +135,39 @@ async def write(
             [(r.new_k64, r.job_id) for r in moved],
         )
         if moved:
-            await _repoint(store, moved, custom_ids)
+            await _repoint(store, moved, named)
             await _drop_unwanted(store, [r.k64 for r in moved])
     return len({r.new_k64 for r in rebuilt})
 
 
 async def _repoint(
-    store: JobStore, rebuilt: Sequence[Rebuilt], custom_ids: Sequence[str] | None
+    store: JobStore, rebuilt: Sequence[Rebuilt], named: Sequence[tuple[str, int]] | None
 ) -> None:
     db = store.connection
     moves = {r.k64: r.new_k64 for r in rebuilt}
-    if custom_ids is None:
-        # Items have no index on their job: one pass over them for every 10,000 jobs.
-        pairs = list(moves.items())
-        for i in range(0, len(pairs), 10_000):
-            chunk = pairs[i : i + 10_000]
-            values = ", ".join(["(?, ?)"] * len(chunk))
-            await db.execute(
-                f"WITH moves (old, new) AS (VALUES {values}) "
-                "UPDATE items SET job_k64 = (SELECT new FROM moves WHERE old = items.job_k64) "
-                "WHERE job_k64 IN (SELECT old FROM moves)",
-                [x for pair in chunk for x in pair],
-            )
+    if named is None:
+        # Items have no index on their job: one pass over them, each looked up in the moves.
+        await db.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS replay_moves "
+            "(old INTEGER PRIMARY KEY, new INTEGER NOT NULL)"
+        )
+        await db.executemany("INSERT INTO replay_moves VALUES (?, ?)", list(moves.items()))
+        await db.execute(
+            "UPDATE items SET job_k64 = (SELECT new FROM replay_moves WHERE old = items.job_k64) "
+            "WHERE job_k64 IN (SELECT old FROM replay_moves)"
+        )
+        await db.execute("DROP TABLE replay_moves")
         return
+    by_id = {r.job_id: r for r in rebuilt}
     for source in await store.sources():  # through the (source_id, ck) index
         # A job other custom_ids share stays theirs: only those named move.
         await db.executemany(
             "UPDATE items SET job_k64 = ? WHERE source_id = ? AND ck = ? AND custom_id = ? "
             "AND job_k64 = ?",
             [
-                (new, source.id, custom_id_hash(c), c, old)
-                for c in custom_ids
-                for old, new in moves.items()
+                (by_id[j].new_k64, source.id, custom_id_hash(c), c, by_id[j].k64)
+                for c, j in named
+                if j in by_id
             ],
         )
 

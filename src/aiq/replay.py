@@ -59,7 +59,8 @@ async def replay(
     if dry_run:
         result.replayed = len(dead)
     elif rebuilt:
-        result.new_requests = await overrides.write(store, rebuilt, custom_ids or None)
+        named = [(c, j) for c, jobs in found.items() for j, _, _ in jobs] if custom_ids else None
+        result.new_requests = await overrides.write(store, rebuilt, named)
         result.replayed = len(rebuilt)
     return result
 
