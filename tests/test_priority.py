@@ -208,3 +208,36 @@ def test_the_claim_reads_untried_jobs_in_order_from_the_index_not_a_sort(tmp_pat
     steps = asyncio.run(plan())
     untried = steps.index("SEARCH jobs USING COVERING INDEX jobs_claim (state=? AND next_at=?)")
     assert "TEMP B-TREE" not in " ".join(steps[untried:]), steps
+
+
+def test_a_store_from_before_priorities_is_upgraded_in_place(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = _write(tmp_path / "n.jsonl", *({"prompt": f"n{i}"} for i in range(3)))
+    db = tmp_path / "aiq.db"
+
+    async def fill() -> None:
+        async with await JobStore.open(db) as store:
+            await _add(store, path)
+
+    asyncio.run(fill())
+    with sqlite3.connect(db) as conn:  # back to what aiq before 0009 left
+        conn.execute("DROP TRIGGER jobs_errors_delete")
+        conn.execute("DROP TABLE errors")
+        conn.execute("DROP INDEX jobs_claim")
+        conn.execute("ALTER TABLE jobs DROP COLUMN priority")
+        conn.execute("CREATE INDEX jobs_state_next ON jobs (state, next_at)")
+        conn.execute("DELETE FROM migrations WHERE name = '0009_priority'")
+    urgent = _write(tmp_path / "u.jsonl", {"prompt": "u0", "priority": 4})
+
+    async def after() -> list[str]:
+        async with await JobStore.open(db) as store:
+            await _add(store, urgent)
+            return [_prompt_of(j.body) for j in await store.claim(10, now=100.0)]
+
+    assert asyncio.run(after()) == ["u0", "n0", "n1", "n2"]
+    with sqlite3.connect(db) as conn:
+        indexes = {
+            r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+        }
+    assert "jobs_claim" in indexes and "jobs_state_next" not in indexes
