@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 from conftest import API_KEY, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
+from hypothesis import given
+from hypothesis import strategies as st
 
-from aiq.defaults import PRIORITY_MAX
+from aiq.defaults import PRIORITY_MAX, PRIORITY_MIN
 from aiq.enqueue import add_file
 from aiq.inputs import Defaults, LineError, Request, parse_line
 from aiq.records import QUEUED, Outcome
@@ -67,6 +69,18 @@ def test_priority_is_read_from_every_shape_and_kept_out_of_body_and_key(line: di
     assert (with_it.body, with_it.key) == (without.body, without.key)
 
 
+@given(st.integers(-(2**70), 2**70))
+def test_a_whole_number_priority_is_taken_in_range_and_refused_outside(value: int) -> None:
+    line = json.dumps({"prompt": "x", "priority": value}).encode()
+    if PRIORITY_MIN <= value <= PRIORITY_MAX:
+        assert parse_line(line, 1, M).priority == value
+    else:
+        # Past 64 bits, JSON's number is read as a float, and shown as one.
+        got = str(value) if -(2**63) <= value < 2**64 else r"-?\d\.\d+e\+\d+"
+        with pytest.raises(LineError, match=f"field 'priority': expected .*, got {got}$"):
+            parse_line(line, 1, M)
+
+
 def test_the_files_priority_is_a_default_a_line_overrides() -> None:
     d = Defaults(model="m", priority=3)
     assert parse_line(b'{"prompt": "x"}', 1, d).priority == 3
@@ -78,7 +92,7 @@ def test_the_files_priority_is_a_default_a_line_overrides() -> None:
     [
         ('"high"', "got a string"),
         ("true", "got a boolean"),
-        ("2.5", "got a number"),
+        ("2.5", "got 2.5"),
         ("2.0", "2.0 (write it without the decimal point)"),
         ("null", "got null"),
         (str(PRIORITY_MAX + 1), f"got {PRIORITY_MAX + 1}"),

@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from conftest import API_KEY, read_jsonl, run_aiq
 from fakeserver import FakeServer
+from hypothesis import given
+from hypothesis import strategies as st
 
 from aiq.errors import UsageError
 from aiq.inputs import CHAT, MESSAGES, canonical, job_key
@@ -31,6 +34,28 @@ from aiq.overrides import parse_sets, rebuild
 )
 def test_set_values_are_json_else_text(given: list[str], parsed: dict[str, Any]) -> None:
     assert parse_sets(given) == parsed
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text()
+    | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+
+
+@given(name=st.from_regex(r"[a-z_]{1,12}", fullmatch=True), value=_JSON)
+def test_any_json_value_comes_back_as_given(name: str, value: Any) -> None:
+    if name not in ("priority", "custom_id"):
+        assert parse_sets([f"{name}={orjson.dumps(value).decode()}"]) == {name: value}
+
+
+@given(text=st.text())
+def test_text_that_is_not_json_is_taken_as_it_is(text: str) -> None:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        assert parse_sets([f"stop={text}"]) == {"stop": text}
 
 
 @pytest.mark.parametrize(

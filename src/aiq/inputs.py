@@ -363,8 +363,9 @@ def parse_line(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None 
 
 def _bad_priority(value: Any) -> str:
     got = f"{value}" if type(value) is int else _kind(value)
-    if type(value) is float and value.is_integer():
-        got = f"{value!r} (write it without the decimal point)"
+    if type(value) is float:  # orjson reads a whole number past 64 bits as one too
+        fits = value.is_integer() and PRIORITY_MIN <= value <= PRIORITY_MAX
+        got = f"{value!r}" + (" (write it without the decimal point)" if fits else "")
     return f"field 'priority': expected {PRIORITY_RANGE}, got {got}"
 
 
