@@ -21,7 +21,7 @@ from .usage import Usage
 # Within a priority, jobs put back to wait (retries, deferred) first, as they come due, then
 # jobs never tried, in input order: ordered by next_at alone, a deferred job would wait
 # behind every untried one, and its model's limit would go unused meanwhile. The two arms
-# merge on (priority, t): t is a waiting job's next_at made negative (before any id), an
+# merge on (priority, t, id): t is a waiting job's next_at made negative (before any id), an
 # untried job's id. The untried arm reads the (state, next_at, priority DESC) index in that
 # order and stops at the limit; the waiting arm sorts the jobs due now, a claim's few. Its
 # "none due before now" is `?4 >= 0`, not `next_at <= ?4`: beside `next_at = 0`, SQLite took
@@ -33,7 +33,7 @@ _CLAIM = (
     "    WHERE state = ?3 AND next_at > 0 AND next_at <= ?4"
     "  UNION ALL"
     "  SELECT id, priority, id FROM jobs WHERE state = ?3 AND next_at = 0 AND ?4 >= 0"
-    "  ORDER BY p DESC, t LIMIT ?5)"
+    "  ORDER BY p DESC, t, id LIMIT ?5)"
     ") RETURNING id, endpoint, body, attempts, first_attempt_at, "
     # The model picks the job's rate limiter and price: read here, in SQLite's C JSON parser
     # (~0.4 µs), not by scanning the body in the event loop.
