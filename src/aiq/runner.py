@@ -341,7 +341,7 @@ async def dead_errors(
         return await inspection.dead_errors(store, error_type=error_type, limit=limit)
 
 
-async def show(config: Config, custom_id: str) -> list[inspection.Shown]:
+async def show_job(config: Config, custom_id: str) -> list[inspection.Shown]:
     """``aiq show``: read-only, so it works while a run holds the store."""
     require_store(config.db)
     async with open_store(config.db, readonly=True) as store:

@@ -72,7 +72,7 @@ def show(
     def body() -> None:
         from .. import inspection, runner
 
-        shown = sync(runner.show(load_config(db, config), custom_id))
+        shown = sync(runner.show_job(load_config(db, config), custom_id))
         if as_json:
             print(json.dumps({"custom_id": custom_id, "lines": [s.as_dict() for s in shown]}))
         else:
