@@ -33,6 +33,8 @@ _EXPORTS = {
     "BadLine": "inputs",
     "Defaults": "inputs",
     "Request": "inputs",
+    "DeadType": "inspection",
+    "Shown": "inspection",
     "Limiters": "limiters",
     "RateLimiter": "limiter",
     "export_source": "outputs",
@@ -61,9 +63,11 @@ _EXPORTS = {
     "Progress": "run_records",
     "RunSummary": "run_records",
     "add_file": "runner",
+    "dead_errors": "runner",
     "export_outputs": "runner",
     "replay_dead": "runner",
     "run_batch": "runner",
+    "show_job": "runner",
     "store_status": "runner",
     "JobStore": "store",
     "Usage": "usage",
@@ -103,6 +107,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     )
     from .forecast import Forecast
     from .inputs import BadLine, Defaults, Request
+    from .inspection import DeadType, Shown
     from .limiter import RateLimiter
     from .limiters import Limiters
     from .outputs import export_source
@@ -122,9 +127,11 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     from .run_records import Export, Progress, RunSummary
     from .runner import (
         add_file,
+        dead_errors,
         export_outputs,
         replay_dead,
         run_batch,
+        show_job,
         store_status,
     )
     from .store import JobStore
@@ -142,6 +149,7 @@ __all__ = [
     "CheckReport",
     "Config",
     "CostMeter",
+    "DeadType",
     "Defaults",
     "EnqueueCounts",
     "Export",
@@ -167,6 +175,7 @@ __all__ = [
     "Request",
     "RetryPolicy",
     "RunSummary",
+    "Shown",
     "Stats",
     "StoreError",
     "StoreLocked",
@@ -176,6 +185,7 @@ __all__ = [
     "Worker",
     "__version__",
     "add_file",
+    "dead_errors",
     "export_outputs",
     "export_source",
     "forecast_file",
@@ -184,5 +194,6 @@ __all__ = [
     "replay_dead",
     "run_batch",
     "run_checks",
+    "show_job",
     "store_status",
 ]
