@@ -33,7 +33,9 @@ _EXPORTS = {
     "BadLine": "inputs",
     "Defaults": "inputs",
     "Request": "inputs",
-    "Limiters": "limiter",
+    "DeadType": "inspection",
+    "Shown": "inspection",
+    "Limiters": "limiters",
     "RateLimiter": "limiter",
     "export_source": "outputs",
     "CheckReport": "preflight",
@@ -62,10 +64,12 @@ _EXPORTS = {
     "Progress": "run_records",
     "RunSummary": "run_records",
     "add_file": "runner",
+    "dead_errors": "runner",
     "export_outputs": "runner",
     "prune_store": "runner",
     "replay_dead": "runner",
     "run_batch": "runner",
+    "show_job": "runner",
     "store_status": "runner",
     "JobStore": "store",
     "Usage": "usage",
@@ -105,7 +109,9 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     )
     from .forecast import Forecast
     from .inputs import BadLine, Defaults, Request
-    from .limiter import Limiters, RateLimiter
+    from .inspection import DeadType, Shown
+    from .limiter import RateLimiter
+    from .limiters import Limiters
     from .outputs import export_source
     from .preflight import CheckReport, Finding, run_checks
     from .prices import PriceRow, prices_in_force
@@ -123,10 +129,12 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     from .run_records import Export, Progress, RunSummary
     from .runner import (
         add_file,
+        dead_errors,
         export_outputs,
         prune_store,
         replay_dead,
         run_batch,
+        show_job,
         store_status,
     )
     from .store import JobStore
@@ -144,6 +152,7 @@ __all__ = [
     "CheckReport",
     "Config",
     "CostMeter",
+    "DeadType",
     "Defaults",
     "EnqueueCounts",
     "Export",
@@ -170,6 +179,7 @@ __all__ = [
     "Request",
     "RetryPolicy",
     "RunSummary",
+    "Shown",
     "Stats",
     "StoreError",
     "StoreLocked",
@@ -179,6 +189,7 @@ __all__ = [
     "Worker",
     "__version__",
     "add_file",
+    "dead_errors",
     "export_outputs",
     "export_source",
     "forecast_file",
@@ -188,5 +199,6 @@ __all__ = [
     "replay_dead",
     "run_batch",
     "run_checks",
+    "show_job",
     "store_status",
 ]

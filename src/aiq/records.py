@@ -95,6 +95,7 @@ class Job:
     first_attempt_at: float | None
     model: str | None = None
     due_at: float = 0.0  # when it came due; 0: never put back (by a retry or a rate limit)
+    priority: int = 0  # claimed before lower ones
 
 
 @dataclass(slots=True)
@@ -188,11 +189,16 @@ class Pruned:
 @dataclass(slots=True, kw_only=True)
 class Replayed:
     """What ``replay-dead`` did: how many dead jobs it queued again, the error types the dead
-    jobs had before, and why each custom_id asked for that was not replayed was not."""
+    jobs had before, and why each custom_id asked for that was not replayed was not; with
+    ``--set``, which fields changed in how many bodies (and with ``--dry-run``, would)."""
 
     replayed: int = 0
     dead_types: dict[str, int] = field(default_factory=dict)  # error type → dead jobs
     not_replayed: dict[str, str] = field(default_factory=dict)  # custom_id → "done", …
+    dry_run: bool = False  # nothing was changed: ``replayed`` says how many would be
+    sets: dict[str, Any] = field(default_factory=dict)  # --set: field → its new value
+    changed: dict[str, int] = field(default_factory=dict)  # field → jobs whose value changes
+    new_requests: int = 0  # distinct requests queued for the changed bodies
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
 from typing import Any
@@ -373,9 +374,31 @@ def _when(t: float | None, now: float) -> str:
     return f"{stamp}, {fmt_duration(max(0.0, now - t))} ago"
 
 
+def _set_change(r: Replayed, name: str) -> str:
+    n, value = r.changed.get(name, 0), r.sets[name]
+    to = "taken out" if value is None else f"set to {_json(value)}"
+    same = r.replayed - n
+    return f"{to} in {plural(n, 'body', 'bodies')}" + (
+        f" ({same:,} {'has' if same == 1 else 'have'} it already)" if same else ""
+    )
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
 def replay_lines(r: Replayed) -> list[str]:
     """What ``replay-dead`` did, and what to do next only when there is something to do."""
-    if r.replayed:
+    if r.dry_run:
+        lines = [f"would replay {plural(r.replayed, 'dead job')}; nothing was changed"]
+        lines += [f"  {name}: {_set_change(r, name)}" for name in r.sets]
+    elif r.replayed and r.sets:
+        lines = [
+            f"replayed {plural(r.replayed, 'dead job')} as {plural(r.new_requests, 'request')} "
+            f"with {', '.join(f'{k}={_json(v)}' for k, v in r.sets.items())}; run `aiq resume` "
+            "to send them"
+        ]
+    elif r.replayed:
         lines = [f"replayed {plural(r.replayed, 'dead job')}; run `aiq resume` to send them"]
     elif not r.dead_types:
         lines = ["nothing to replay: the store has no dead jobs"]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import calibration, machine, routing
+from . import calibration, inspection, machine, routing
 from .config import Config
 from .contract import StopReason
 from .costs import CostMeter
@@ -28,6 +28,7 @@ from .joblog import OnAttempt
 from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
 from .outputs import export_all
+from .overrides import parse_sets
 from .pricing import price_for
 from .records import EnqueueCounts, Replayed, Stats
 from .replay import replay
@@ -138,7 +139,7 @@ async def _worker(
 ) -> tuple[Worker, httpx.AsyncBaseTransport]:
     """The run's Worker over ``store``, and the transport under its provider (to close)."""
     from .breaker import Breakers
-    from .limiter import Limiters
+    from .limiters import Limiters
     from .providers.factory import make_provider  # (it loads the HTTP clients)
     from .worker import RetryPolicy, Worker
 
@@ -339,15 +340,41 @@ async def store_status(config: Config) -> Stats:
     return dataclasses.replace(stats, run=run, size_bytes=store_size(config.db))
 
 
+async def dead_errors(
+    config: Config, *, error_type: str | None = None, limit: int = 5
+) -> list[inspection.DeadType]:
+    """``aiq errors``: read-only, so it works while a run holds the store."""
+    require_store(config.db)
+    async with open_store(config.db, readonly=True) as store:
+        return await inspection.dead_errors(store, error_type=error_type, limit=limit)
+
+
+async def show_job(config: Config, custom_id: str) -> list[inspection.Shown]:
+    """``aiq show``: read-only, so it works while a run holds the store."""
+    require_store(config.db)
+    async with open_store(config.db, readonly=True) as store:
+        return await inspection.show(store, custom_id)
+
+
 async def replay_dead(
-    config: Config, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
+    config: Config,
+    *,
+    error_type: str | None = None,
+    custom_ids: tuple[str, ...] = (),
+    sets: tuple[str, ...] = (),
+    dry_run: bool = False,
 ) -> Replayed:
     """``aiq replay-dead``: dead jobs (all, of one error type, of these custom_ids) back to
-    queued, attempts reset; UsageError, and nothing replayed, for a filter that names what
-    the store does not have (see replay.replay)."""
+    queued, attempts reset, with ``sets`` (``FIELD=VALUE``) as new requests with those body
+    fields changed; UsageError, and nothing replayed, for a filter that names what the store
+    does not have or a change that makes a body invalid (see replay.replay). ``dry_run``:
+    what it would do, the store unchanged."""
+    changes = parse_sets(sets)
     require_store(config.db)
-    async with open_store(config.db) as store:
-        return await replay(store, error_type=error_type, custom_ids=custom_ids)
+    async with open_store(config.db, readonly=dry_run) as store:
+        return await replay(
+            store, error_type=error_type, custom_ids=custom_ids, sets=changes, dry_run=dry_run
+        )
 
 
 async def prune_store(

@@ -21,7 +21,8 @@ from .concurrency import AutoConcurrency
 from .costs import CostMeter
 from .dispatch import Dispatcher
 from .joblog import OnAttempt
-from .limiter import Limiters, RateLimiter
+from .limiter import RateLimiter
+from .limiters import Limiters
 from .outcomes import RetryPolicy
 from .providers.base import Provider, ProviderError
 from .run_records import Progress

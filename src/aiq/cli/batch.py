@@ -34,6 +34,7 @@ from .options import (
     OnTruncatedOpt,
     OrderOpt,
     OutOpt,
+    PriorityOpt,
     ProviderOpt,
     QuietOpt,
     RerouteOpt,
@@ -67,12 +68,13 @@ def add(
     out: OutOpt = None,
     dead: DeadOpt = None,
     strict: StrictOpt = False,
+    priority: PriorityOpt = None,
     traceback: TracebackOpt = False,
 ) -> None:
     """Enqueue a file without running it: prints new / known / changed / invalid."""
 
     def body() -> None:
-        cfg = load_config(db, config, model=model, strict=strict or None)
+        cfg = load_config(db, config, model=model, strict=strict or None, priority=priority)
         new = not cfg.db.exists()
         from .. import runner
 
@@ -158,6 +160,7 @@ def run(
     max_cost: MaxCostOpt = None,
     on_truncated: OnTruncatedOpt = None,
     reroute: RerouteOpt = False,
+    priority: PriorityOpt = None,
     traceback: TracebackOpt = False,
 ) -> None:
     """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
@@ -170,6 +173,7 @@ def run(
             timeout_s=timeout, order=order, strict=strict or None,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
             max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
+            priority=priority,
         )  # fmt: skip
         if dry_run:
             _dry_run(file, cfg, as_json)

@@ -33,6 +33,13 @@ BaseUrlOpt = Annotated[
     ),
 ]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model for lines naming none.")]
+PriorityOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--priority",
+        help="Priority of the file's lines that name none (default 0); higher is sent first.",
+    ),
+]
 ConcurrencyOpt = Annotated[
     str | None,
     typer.Option(

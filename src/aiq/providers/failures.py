@@ -52,6 +52,11 @@ SPEND_LIMIT_CODES = frozenset(
         "enforced_spend_limit_reached",
     }
 )
+# A provider out of capacity for a tier, not the client over its limit: OpenAI's flex tier
+# answers "429 Resource Unavailable" and does not bill it (its flex-processing guide; the code
+# is unverified, one client matches ``resource_unavailable``), Groq's flex tier 498
+# ``capacity_exceeded`` (its errors page). Backed off, never paced to (PROVIDERS.md).
+CAPACITY_CODES = frozenset({"resource_unavailable", "capacity_exceeded"})
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 # A key shorter than this is not looked for in what aiq writes. Real keys are long (OpenAI's
 # are 50+ characters, Anthropic's 100+); short ones are the dummies local servers are given
@@ -108,7 +113,7 @@ def error_from(
     cut out of it) and code, the class from the one table, a hint for fatal ones, its
     Retry-After and rate-limit headers."""
     message, code = error_message(resp, content, code_keys=code_keys, secret=secret)
-    codes = error_codes(content) if resp.status_code == 429 else frozenset()
+    codes = error_codes(content) if resp.status_code in (429, 498) else frozenset()
     error_type, retryable, fatal = classify_status(resp.status_code, message, code, codes=codes)
     if fatal:
         message = f"{message} ({fatal_hint(error_type, key_env)})"
@@ -214,6 +219,9 @@ def classify_status(
         return "invalid_request", False, False
     if status == 429 and "request too large" in lowered:  # bigger than the whole limit: never fits
         return "invalid_request", False, False
+    capacity = codes & CAPACITY_CODES or code in CAPACITY_CODES
+    if status == 498 or (status == 429 and (capacity or "resource unavailable" in lowered)):
+        return "capacity", True, False
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     if 500 <= status < 600:
