@@ -178,3 +178,12 @@ def test_a_429_now_and_then_does_not_keep_a_large_server_small() -> None:
     # (Now and then three fall in one small round and cut it; it grows back by probing.)
     run, _ = simulate(200, _fixed(1.0), 20_000, refuse_share=0.05)
     assert statistics.median(run.settled()) >= 80
+
+
+def test_a_noisy_round_never_ends_a_large_servers_ramp_early() -> None:
+    # One round measured low (latency spread) used to end startup at a small limit, and the
+    # probes then grew it by a quarter a six-round cycle: 162 s for what takes ~78 s (seed 3).
+    ideal = 5000 / 64 * 1.0
+    for seed in range(8):
+        run, _ = simulate(64, lambda rng: max(0.1, rng.gauss(1.0, 1 / 3)), 5000, seed=seed)
+        assert run.took_s <= 1.35 * ideal, (seed, run.took_s)

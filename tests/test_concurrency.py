@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aiq.concurrency import FALLBACK, AutoConcurrency
-from aiq.limiter import HEADROOM, Limiters, RateLimiter
+from aiq.limiter import HEADROOM, RateLimiter
+from aiq.limiters import Limiters
 from aiq.ratelimit_headers import RateLimitInfo, Window
 
 

@@ -179,3 +179,28 @@ def test_a_store_from_before_cost_accounting_is_upgraded_with_its_models(
     # The model comes back from the bodies; the cost of those replies was never recorded.
     assert [(m["model"], m["done"], m["unpriced"]) for m in status["models"]] == [("m", 2, 2)]
     assert status["cost_usd"] is None
+
+
+def test_a_reply_served_at_the_flex_tier_is_priced_at_half(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    # The same prompts, asked at the flex tier and at the default one: the replies' own
+    # service_tier says which served each, and flex is billed at batch rates (half).
+    (tmp_path / "aiq.yaml").write_text(CONFIG)
+    prompts = [f"tier question {i}" for i in range(6)]
+    with (tmp_path / "p.jsonl").open("w") as f:
+        for i, prompt in enumerate(prompts):
+            for tier in ("flex", None):
+                body = {"model": "m", "messages": [{"role": "user", "content": prompt}]}
+                if tier:
+                    body["service_tier"] = tier
+                line = {"custom_id": f"{tier or 'default'}-{i}", "method": "POST",
+                        "url": "/v1/chat/completions", "body": body}  # fmt: skip
+                f.write(json.dumps(line) + "\n")
+    proc = run_aiq("run", "p.jsonl", "--base-url", server.base_url, "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    full = sum(_cost(p) for p in prompts)
+    assert math.isclose(json.loads(proc.stdout)["cost_usd"], full + full / 2, rel_tol=1e-9)
+    served = {r["custom_id"]: r["response"]["body"]["service_tier"]
+              for r in read_jsonl(tmp_path / "p.results.jsonl")}  # fmt: skip
+    assert set(served.values()) == {"flex", "default"}

@@ -18,7 +18,8 @@ from fakes import FakeClock, SharedClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiq.limiter import HEADROOM, WINDOW_S, Budget, Limiters, RateLimiter, RequestTooLarge
+from aiq.limiter import HEADROOM, WINDOW_S, Budget, RateLimiter, RequestTooLarge
+from aiq.limiters import Limiters
 from aiq.ratelimit_headers import RateLimitInfo, Window
 
 
@@ -753,7 +754,7 @@ def _naive_ahead(budget: Budget, now: float) -> float:
 def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(
     ops: list[tuple[str, float, float]],
 ) -> None:
-    """``Budget._ahead`` is kept up as bookings come and go (no walk of them per reply): it
+    """``BookingLog.ahead`` is kept up as bookings come and go (no walk of them per reply): it
     always equals the sum of the log's bookings after ``now``, whatever the order of events."""
     budget = Budget(1e9)
     now, last_at, entries = 1000.0, 1000.0, []
@@ -765,7 +766,7 @@ def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(
             now += x / 10
         elif op == "ask":
             at = now - x / 10 if x > 80 else now  # now and then, an earlier time
-            assert budget._ahead(at) == pytest.approx(_naive_ahead(budget, at), abs=1e-6)
+            assert budget._log.ahead(at) == pytest.approx(_naive_ahead(budget, at), abs=1e-6)
         elif op in ("forget", "settle") and entries:
             entry = entries[int(x) % len(entries)]
             if entry.cost:  # (one taken back is no booking)
@@ -773,7 +774,7 @@ def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(
         elif op == "drop":
             budget.drop_ahead(now)
             last_at = max([e.at for e in budget._log], default=last_at)
-        assert budget._ahead(now) == pytest.approx(_naive_ahead(budget, now), abs=1e-6)
+        assert budget._log.ahead(now) == pytest.approx(_naive_ahead(budget, now), abs=1e-6)
 
 
 def test_every_short_window_is_used_whole_by_many_senders_at_once() -> None:

@@ -100,6 +100,7 @@ AUTH = error("auth", 401, fatal=True)
 SPEND_LIMIT = error("spend_limit", 429, fatal=True)
 RATE_LIMIT = error("rate_limit", 429, retryable=True)
 RATE_LIMIT_AFTER = error("rate_limit", 429, retryable=True, retry_after_s=3.0)
+NO_ROOM = error("capacity", 429, retryable=True)
 
 UP = Health()
 DOWN = Health(down=True)
@@ -189,6 +190,16 @@ RULES: list[tuple[str, Job, ProviderError, Health, Refusals, Fate]] = [
         "every job kept",
         JOB, RATE_LIMIT, UP, Refusals(rounds=9, lasted_s=601.0),
         Fate(kept(RATE_LIMIT, 2), pause_s=60 * 0.5, give_up="refused"),
+    ),
+    (
+        "Such a refusal is backed off as a 429 is (it costs the job no attempt",
+        LAST, NO_ROOM, UP, Refusals(rounds=2, lasted_s=3.0),
+        Fate(kept(NO_ROOM, 4, NOW + 8 * 0.5), pause_s=8 * 0.5),
+    ),
+    (
+        "a streak of them for over `--max-outage` ends the run with exit 4, every job kept",
+        JOB, NO_ROOM, UP, Refusals(rounds=9, lasted_s=601.0),
+        Fate(kept(NO_ROOM, 2), pause_s=60 * 0.5, give_up="refused"),
     ),
     (
         "no job is charged for the outage",
@@ -329,11 +340,16 @@ def test_the_run_stops_with_the_reason_it_gave_up_for() -> None:
     refused = given_up("refused", RATE_LIMIT, policy=POLICY, last_error="")
     assert refused.fatal and refused.error_type == "rate_limit"
     assert "429 for over 10 min (--max-outage), the last with rate_limit 429" in refused.message
+    full = given_up("refused", NO_ROOM, policy=POLICY, last_error="")
+    assert full.fatal and full.error_type == "capacity"
+    assert "no capacity for any call for over 10 min (--max-outage)" in full.message
 
 
 ERRORS = st.builds(
     error,
-    st.sampled_from(["server", "timeout", "connection", "rate_limit", "invalid_request", "auth"]),
+    st.sampled_from(
+        ["server", "timeout", "connection", "rate_limit", "capacity", "invalid_request", "auth"]
+    ),
     st.sampled_from([None, 400, 429, 500]),
     retryable=st.booleans(),
     fatal=st.booleans(),
@@ -368,7 +384,7 @@ def test_every_failure_keeps_the_contract(
     out = fate.outcome
     assert out.job_id == job.id and out.error_type == err.error_type
     assert out.attempts in (attempts, attempts + 1)
-    if err.fatal or err.error_type == "rate_limit":
+    if err.fatal or err.error_type in ("rate_limit", "capacity"):
         assert out.attempts == attempts  # the account's or the pace's doing, not the job's
     if err.fatal:
         assert fate.give_up == "fatal"
@@ -382,4 +398,4 @@ def test_every_failure_keeps_the_contract(
         floor = err.retry_after_s or 0.0
         assert NOW + floor <= out.next_at <= NOW + max(POLICY.cap_s, floor * 1.1)
     if fate.pause_s is not None:
-        assert err.retry_after_s is not None or err.error_type == "rate_limit"
+        assert err.retry_after_s is not None or err.error_type in ("rate_limit", "capacity")

@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 from aiq.contract import DEAD, DONE, QUEUED, RUNNING, STATE_NAMES, JobError, JobState
 from aiq.enqueue import add_file
 from aiq.inputs import Defaults
-from aiq.records import Job, Outcome
+from aiq.outputs import _stamp
+from aiq.records import Job, Outcome, Source
 from aiq.requestfile import read_requests
+from aiq.retention import prune
 from aiq.stops import TRUNCATED
 from aiq.store import JobStore
 from aiq.usage import Usage
@@ -105,6 +107,7 @@ def _outcome(rng: random.Random, job: Job, now: float) -> Outcome:
         next_at=now + rng.choice([-5, 5]) if kind == "retry" else 0.0,
         error_type=None if kind == "done" and error != TRUNCATED else error,
         usage=usage, model=rng.choice(MODELS), cost_usd=cost, timed_out=rng.random() < 0.2,
+        response=b'{"ok": 1}' if kind == "done" else None,  # a done job has its reply
     )  # fmt: skip
 
 
@@ -113,7 +116,9 @@ async def _replay(store: JobStore, rng: random.Random) -> None:
     dead = [
         (i, t)
         for i, t in await store._db.execute_fetchall(
-            "SELECT id, coalesce(error_type, '?') FROM jobs WHERE state = ?", (DEAD,)
+            # A pruned job (aiq.retention, its request gone) is not replayed.
+            "SELECT id, coalesce(error_type, '?') FROM jobs WHERE state = ? AND length(body) > 0",
+            (DEAD,),
         )
     ]
     if rng.random() < 0.5:
@@ -127,7 +132,28 @@ async def _replay(store: JobStore, rng: random.Random) -> None:
 
 # Jobs in each state, some crashed in flight, for the random operations to move about.
 _START = ["add", "claim", "sent", "record", "claim", "sent", "recover", "claim", "sent"]
-OPS = ["add", "claim", "sent", "record", "defer", "release", "recover", "undefer", "replay"]
+OPS = [
+    "add", "claim", "sent", "record", "defer", "release", "recover", "undefer", "replay", "prune",
+]  # fmt: skip
+
+
+async def _prune(store: JobStore, source: Source, rng: random.Random, now: float) -> None:
+    """A prune of what a run's export wrote: the rows emptied, or deleted (``forget``), which
+    the tallies' delete trigger takes off. The export's stamp is made here, over files of no
+    matter (a real export fsyncs both files: most of this test's time)."""
+    for path in (source.out_path, source.dead_path):
+        Path(path).write_bytes(b"")
+    stamp = _stamp(await store.changes(), "done", source.out_path, source.dead_path, 0, 0)
+    assert stamp is not None
+    await store.save_export_stamp(source, {**stamp, "at": time.time()})
+    await prune(
+        store,
+        done_older_than_s=rng.choice([0.0, 60.0]),
+        dead_older_than_s=rng.choice([None, 0.0]),
+        keep_results=rng.random() < 0.3,
+        forget=rng.random() < 0.5,
+        now=now,
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -141,7 +167,9 @@ def test_kept_counts_equal_a_scan_after_any_sequence_of_operations(
 
     async def scenario() -> None:
         async with await JobStore.open(tmp / "aiq.db") as store:
-            source = await store.add_source(str(path), out_path="o", dead_path="d")
+            source = await store.add_source(
+                str(path), out_path=str(tmp / "o"), dead_path=str(tmp / "d")
+            )
             claimed: dict[int, Job] = {}
             now = NOW
             for op in [*_START, *ops]:
@@ -173,6 +201,8 @@ def test_kept_counts_equal_a_scan_after_any_sequence_of_operations(
                     await store.undefer(now=now)
                 elif op == "replay":
                     await _replay(store, rng)
+                elif op == "prune":
+                    await _prune(store, source, rng, now)
                 if op in ("record", "defer", "release"):
                     for j in picked:
                         claimed.pop(j.id)

@@ -13,7 +13,8 @@ from conftest import API_KEY, run_aiq, write_prompts
 from fakeserver import FakeServer
 from rich.console import Console
 
-from aiq.limiter import Limiters, RateLimiter
+from aiq.limiter import RateLimiter
+from aiq.limiters import Limiters
 from aiq.progress import LiveProgress, summary_line
 from aiq.run_records import Progress
 from aiq.waits import ModelLimits, limits_text, waiting_text

@@ -36,7 +36,9 @@ _EXPORTS = {
     "BadLine": "inputs",
     "Defaults": "inputs",
     "Request": "inputs",
-    "Limiters": "limiter",
+    "DeadType": "inspection",
+    "Shown": "inspection",
+    "Limiters": "limiters",
     "RateLimiter": "limiter",
     "export_source": "outputs",
     "CheckReport": "preflight",
@@ -57,6 +59,7 @@ _EXPORTS = {
     "Reply": "providers",
     "EnqueueCounts": "records",
     "ModelUsage": "records",
+    "Pruned": "records",
     "Replayed": "records",
     "Stats": "records",
     "Target": "records",
@@ -65,9 +68,12 @@ _EXPORTS = {
     "Progress": "run_records",
     "RunSummary": "run_records",
     "add_file": "runner",
+    "dead_errors": "runner",
     "export_outputs": "runner",
+    "prune_store": "runner",
     "replay_dead": "runner",
     "run_batch": "runner",
+    "show_job": "runner",
     "store_status": "runner",
     "JobStore": "store",
     "Usage": "usage",
@@ -109,7 +115,9 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     )
     from .forecast import Forecast
     from .inputs import BadLine, Defaults, Request
-    from .limiter import Limiters, RateLimiter
+    from .inspection import DeadType, Shown
+    from .limiter import RateLimiter
+    from .limiters import Limiters
     from .outputs import export_source
     from .preflight import CheckReport, Finding, run_checks
     from .prices import PriceRow, prices_in_force
@@ -123,14 +131,17 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     )
     from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
     from .providers.openai_batches import BatchApi
-    from .records import EnqueueCounts, ModelUsage, Replayed, Stats, Target
+    from .records import EnqueueCounts, ModelUsage, Pruned, Replayed, Stats, Target
     from .requestfile import read_requests
     from .run_records import Export, Progress, RunSummary
     from .runner import (
         add_file,
+        dead_errors,
         export_outputs,
+        prune_store,
         replay_dead,
         run_batch,
+        show_job,
         store_status,
     )
     from .store import JobStore
@@ -152,6 +163,7 @@ __all__ = [
     "CheckReport",
     "Config",
     "CostMeter",
+    "DeadType",
     "Defaults",
     "EnqueueCounts",
     "Export",
@@ -171,12 +183,14 @@ __all__ = [
     "PriceRow",
     "Progress",
     "ProviderError",
+    "Pruned",
     "RateLimiter",
     "Replayed",
     "Reply",
     "Request",
     "RetryPolicy",
     "RunSummary",
+    "Shown",
     "Stats",
     "StoreError",
     "StoreLocked",
@@ -186,13 +200,16 @@ __all__ = [
     "Worker",
     "__version__",
     "add_file",
+    "dead_errors",
     "export_outputs",
     "export_source",
     "forecast_file",
     "prices_in_force",
+    "prune_store",
     "read_requests",
     "replay_dead",
     "run_batch",
     "run_checks",
+    "show_job",
     "store_status",
 ]

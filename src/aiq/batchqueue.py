@@ -57,14 +57,15 @@ class BatchQueue(JobQueue):
     async def plan_batch(
         self, provider: str, *, now: float, max_requests: int, max_bytes: int, overhead: int
     ) -> Batch | None:
-        """Take due queued jobs of one endpoint and model (the first queued one's) into a new
-        batch of at most ``max_requests`` lines and ``max_bytes`` (a line is its body and
-        ``overhead`` bytes more); None when nothing is due. One transaction: the batch and
+        """Take due queued jobs of one endpoint and model (the first to claim's: highest
+        priority, then input order) into a new batch, in that order, of at most
+        ``max_requests`` lines and ``max_bytes`` (a line is its body and ``overhead`` bytes
+        more); None when nothing is due. One transaction: the batch and
         its jobs are written together, before anything is sent."""
         async with self.transaction():
             first = await self._db.execute_fetchall(
                 f"SELECT endpoint, {_DUE_MODEL} FROM jobs WHERE state = ? AND next_at <= ? "
-                "AND batch_id IS NULL ORDER BY id LIMIT 1",
+                "AND batch_id IS NULL ORDER BY priority DESC, id LIMIT 1",
                 (QUEUED, now),
             )
             if not first:
@@ -82,8 +83,9 @@ class BatchQueue(JobQueue):
             taken = await self._db.execute(
                 "UPDATE jobs SET state = ?, batch_id = ?, lease_until = NULL, sent_at = ? "
                 "WHERE id IN (SELECT id FROM (SELECT id, sum(length(body) + ?) OVER "
-                "(ORDER BY id) AS size FROM jobs WHERE state = ? AND next_at <= ? "
-                f"AND batch_id IS NULL AND endpoint = ? AND {_DUE_MODEL} IS ? ORDER BY id) "
+                "(ORDER BY priority DESC, id) AS size FROM jobs WHERE state = ? AND next_at <= ? "
+                f"AND batch_id IS NULL AND endpoint = ? AND {_DUE_MODEL} IS ? "
+                "ORDER BY priority DESC, id) "
                 "WHERE size <= ? LIMIT ?)",
                 (RUNNING, batch_id, now, overhead, QUEUED, now, endpoint, model, max_bytes,
                  max_requests),

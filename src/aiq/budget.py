@@ -18,8 +18,8 @@ three things:
 from __future__ import annotations
 
 import math
-from collections import deque
 
+from .booking_log import Booking, BookingLog
 from .ratelimit_headers import Window
 
 WINDOW_S = 60.0
@@ -49,21 +49,41 @@ class RequestTooLarge(Exception):
     """One request needs more tokens than the whole tokens-per-minute limit: it never fits."""
 
 
-class _Entry:
-    """One booking in a budget's log; ``cost`` changes when the booking is settled. ``mark``
-    is what the budget had booked before it, so what came after is ``Budget._total - mark``."""
+class _Share:
+    """Of a bucket's refill, what another client on the key spends (per second): learned
+    from samples of the bucket emptier than our own bookings explain (raised) or fuller
+    (lowered: it stopped). Requests only: a token booking is an estimate, and Anthropic
+    reserves max_tokens on arrival, so a token bucket is emptier than its model by design."""
 
-    __slots__ = ("at", "cost", "mark")
+    __slots__ = ("learns", "rate", "sampled_at")
 
-    def __init__(self, at: float, cost: float, mark: float) -> None:
-        self.at = at
-        self.cost = cost
-        self.mark = mark
+    def __init__(self, learns: bool) -> None:
+        self.learns = learns
+        self.rate = 0.0
+        self.sampled_at = -math.inf
+
+    def learn(self, owed: float, expected: float, nominal: float) -> None:
+        """The sample says the bucket owes ``owed``, the model said ``expected``."""
+        # (A bucket full, or predicted so, hides what was spent: nothing to learn.)
+        if owed >= 1 and expected >= 1 and self.sampled_at > -math.inf:
+            # (Raised faster than lowered: a share guessed low sends into an empty bucket.)
+            missing = owed - expected
+            tau_s = OUTSIDE_TAU_S if missing > 0 else 2 * OUTSIDE_TAU_S
+            rate = self.rate + missing / tau_s
+            self.rate = min(_OUTSIDE_MAX * nominal, max(0.0, rate))
 
 
 class Budget:
     """One per-minute limit: its pace, its log of the last minute's bookings, and the
-    provider's window as its headers last showed it."""
+    provider's window as its headers last showed it.
+
+    A configured limit whose window no header has shown is :attr:`presumed` a minute's bucket
+    full at the start (OpenAI's, Anthropic's, Groq's; aiolimiter's and the cookbook client's
+    way of counting), its burst opened as answers come back: the even pace until the first
+    (what per-second enforcement allows), then the opening doubling each round trip
+    (:meth:`grow`: TCP's slow start). A server counting some other way refuses about one
+    round's excess: its first 429 ends this for the run (:meth:`stop_bursting`), and so do
+    headers showing the limit's own window (:meth:`sync`)."""
 
     def __init__(
         self,
@@ -81,17 +101,7 @@ class Budget:
         self.per_minute = per_minute
         self._interval = 60.0 / (per_minute * headroom)
         self._tat = -math.inf
-        self._log: deque[_Entry] = deque()
-        # What is booked after ``_ahead_now`` (the log's last ``_n_ahead`` entries, which are
-        # in time order): kept as bookings come and go, so asking costs no walk of them
-        # (they were 6.6% of aiq's CPU at 500 replies a second: bench/README "CPU").
-        self._ahead_now = -math.inf
-        self._n_ahead = 0
-        self._ahead_sum = 0.0
-        self._sum = 0.0  # of the costs in the log
-        self._total = 0.0  # of every cost booked: ``_Entry.mark`` measures from it
-        self._last_at = -math.inf  # bookings are made in time order: the guard relies on it
-        self._horizon = -math.inf  # bookings at or before this have left the log
+        self._log = BookingLog(WINDOW_S)  # (in time order: the guard relies on it)
         self._guard = True  # the 60-second guard, while the provider's window is unknown
         # A minute's bucket refilled continuously (OpenAI's, full at the start), once the
         # headers show one: its capacity, refill, and when it is full again.
@@ -101,13 +111,7 @@ class Budget:
         self._refill = per_minute * headroom / WINDOW_S  # per second, at our headroom
         self._own_full_at = -math.inf  # ...after our bookings
         self._seen_full_at = -math.inf  # ...after what the last sample showed
-        # Of its refill, what another client on the key spends (per second), and when the
-        # bucket was last sampled (``_sync_bucket``).
-        # (Requests only: a token booking is an estimate, and Anthropic reserves max_tokens
-        # on arrival, so a token bucket is emptier than its model by design.)
-        self._learns_outside = outside
-        self._outside = 0.0
-        self._sampled_at = -math.inf
+        self._outside = _Share(outside)  # another client's share of the refill
         self._booked_refill = self._refill  # the refill slots booked ahead were paced at
         # Any other window: at most ``_cap_left`` more before ``_cap_until``, when it has
         # refilled and the pace starts over (``_fresh_at``).
@@ -118,14 +122,7 @@ class Budget:
         self._rebook_check_at = -math.inf
         self.burst = False  # what the provider says is left may go at once
         self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
-        # A configured limit whose window no header has shown is taken for a minute's bucket
-        # full at the start (OpenAI's, Anthropic's, Groq's; aiolimiter's and the cookbook
-        # client's way of counting), its burst opened as answers come back: the even pace
-        # until the first (what per-second enforcement allows), then the opening doubling
-        # each round trip (``grow``: TCP's slow start). A server counting some
-        # other way refuses about one round's excess: its first 429 ends this for the run
-        # (``stop_bursting``), and so do headers showing the limit's own window (``sync``).
-        self.presumed = configured
+        self.presumed = configured  # taken for a bucket full at the start (class docstring)
         self.allowance = 1.0
         self._opened = 1.0  # the opening when slots booked ahead were last booked again
         self.shown = not configured  # whether headers have shown this limit's own window
@@ -153,7 +150,7 @@ class Budget:
         provider's window."""
         if cost > self.per_minute:
             raise RequestTooLarge(f"needs {cost:.0f}, more than the limit of {self.per_minute:.0f}")
-        at = max(earliest, self._last_at)
+        at = max(earliest, self._log.last_at)
         if at < self._cap_until:
             if cost <= self._cap_left:
                 if self.burst:  # the provider says it is left: it may go now
@@ -170,7 +167,7 @@ class Budget:
         at = max(at, self._pace_at(at) - tolerance)
         if self._guard:
             # The oldest bookings leave the window first; wait for enough of them.
-            used = self._sum
+            used = self._log.sum
             for e in self._log:
                 if e.at > at - WINDOW_S:
                     if used + cost <= self.per_minute:
@@ -187,7 +184,7 @@ class Budget:
     def _pace_at(self, at: float) -> float:
         """The pace's next slot for a booking at ``at``: none owed from before the provider's
         window refilled, if ``at`` is after that and nothing is booked after it yet."""
-        if at >= self._fresh_at > self._last_at:
+        if at >= self._fresh_at > self._log.last_at:
             return min(self._tat, self._fresh_at)
         return self._tat
 
@@ -207,7 +204,7 @@ class Budget:
         self._opened = self.allowance
         return True
 
-    def book(self, at: float, cost: float) -> _Entry:
+    def book(self, at: float, cost: float) -> Booking:
         """Book ``cost`` at ``at`` (from :meth:`ready_at`, or later)."""
         if at >= self._fresh_at:
             self._tat, self._fresh_at = self._pace_at(at), math.inf
@@ -217,89 +214,36 @@ class Budget:
         self._seen_full_at = max(self._seen_full_at, at) + drain
         if at < self._cap_until:
             self._cap_left -= cost
-        entry = _Entry(at, cost, self._total)
-        self._total += cost
-        self._last_at = at
-        log = self._log
-        log.append(entry)
-        self._sum += cost
-        if at > self._ahead_now:
-            self._n_ahead += 1
-            self._ahead_sum += cost
-        horizon = at - WINDOW_S
-        # No later booking can fall in a window holding these. One booked ahead stays (a
-        # sender holds it): taken back, it must be found (``drop_ahead``).
-        while log[0].at <= horizon and log[0].at <= self._ahead_now:
-            gone = log.popleft()
-            self._sum -= gone.cost
-            self._horizon = gone.at  # (bookings are in time order: equal times go together)
-        return entry
+        return self._log.add(at, cost)
 
     def used(self, now: float) -> float:
         """What the log holds in the minute ending at ``now`` (bookings after it excluded)."""
-        used = self._sum - self._ahead(now)
-        for e in self._log:
-            if e.at > now - WINDOW_S:
-                break
-            used -= e.cost
-        return max(0.0, used)
-
-    def _ahead(self, now: float) -> float:
-        """What is booked after ``now``: not sent yet, so no provider's count holds it."""
-        if now < self._ahead_now:  # (an earlier time: walked)
-            ahead = 0.0
-            for e in reversed(self._log):
-                if e.at <= now:
-                    break
-                ahead += e.cost
-            return ahead
-        self._advance(now)
-        return max(0.0, self._ahead_sum)
-
-    def _advance(self, now: float) -> None:
-        """Bookings up to ``now`` are no longer ahead."""
-        if now <= self._ahead_now:
-            return
-        self._ahead_now = now
-        log = self._log
-        while self._n_ahead and log[-self._n_ahead].at <= now:
-            self._ahead_sum -= log[-self._n_ahead].cost
-            self._n_ahead -= 1
-        if not self._n_ahead:
-            self._ahead_sum = 0.0  # (no float drift left over)
+        return self._log.used(now)
 
     def booked(self, start: float, end: float) -> float:
         """What the log holds booked from ``start`` to ``end`` (given back: none)."""
-        return sum(e.cost for e in self._log if start <= e.at <= end)
+        return self._log.booked(start, end)
 
-    def forget(self, entry: _Entry) -> None:
+    def forget(self, entry: Booking) -> None:
         """Take a booking out of the window's count, and out of the bucket's drain (the
         provider did not count it); the pace is left as it is."""
-        if entry.cost and entry.at > self._horizon:
+        if entry.cost and self._log.holds(entry):
             self._own_full_at -= entry.cost / self._refill
-        self._adjust(entry, 0.0)
+        self._log.adjust(entry, 0.0)
 
-    def settle(self, entry: _Entry, cost: float) -> None:
+    def settle(self, entry: Booking, cost: float) -> None:
         """The booking really cost ``cost``: correct the log, and the pace by the difference."""
         self._tat += (cost - entry.cost) * self._interval
         drain = (cost - entry.cost) / self._refill
         self._own_full_at += drain
         self._seen_full_at += drain
-        self._adjust(entry, cost)
-
-    def _adjust(self, entry: _Entry, cost: float) -> None:
-        if entry.at > self._horizon:  # still in the log
-            self._sum += cost - entry.cost
-            if entry.at > self._ahead_now:
-                self._ahead_sum += cost - entry.cost
-        self._total += cost - entry.cost
-        entry.cost = cost
+        self._log.adjust(entry, cost)
 
     def sync(
         self,
         now: float,
         reported: Window,
-        entry: _Entry | None = None,
+        entry: Booking | None = None,
         *,
         minute_left_s: float,
         refused: bool = False,
@@ -342,17 +286,7 @@ class Budget:
             self.shown = True
             self.presumed = False  # (the pace keeps what the burst owes it)
         self._guard = self.burst_off or not own  # (not over a bucket: set there)
-        fits = (
-            own
-            and reset is not None
-            and abs(remaining + reset * per_s - window_limit) <= max(2.0, 0.05 * window_limit)
-        )
-        # A bucket fits every sample; one far off (a sliding minute's first: little used and
-        # a minute to go, half again over the limit) says the window is something else, for
-        # the run. One a little off (a rounded reset, a late reply) is only not a bucket's.
-        if own and reset is not None and remaining + reset * per_s > 1.5 * window_limit:
-            self._not_bucket = True
-        self._bucket = fits and not self._not_bucket
+        self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
         if self._bucket:
@@ -371,6 +305,19 @@ class Budget:
         until = now + _EPSILON_S
         until += reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S
         return self._sync_window(now, remaining, until, entry) or rebook
+
+    def _shows_bucket(self, remaining: float, reset: float | None, limit: float) -> bool:
+        """Whether a sample of the limit's own window is a minute's bucket's: what is left
+        and what refills by the reset add up to the limit (OpenAI's, full at the start)."""
+        if reset is None:
+            return False
+        full = remaining + reset * limit / WINDOW_S
+        # A bucket fits every sample; one far off (a sliding minute's first: little used and
+        # a minute to go, half again over the limit) says the window is something else, for
+        # the run. One a little off (a rounded reset, a late reply) is only not a bucket's.
+        if full > 1.5 * limit:
+            self._not_bucket = True
+        return abs(full - limit) <= max(2.0, 0.05 * limit) and not self._not_bucket
 
     def _follow_limit(self, now: float, reported: int | None) -> bool:
         """A limit the provider reports below ours wins; True if slots booked ahead at the
@@ -412,20 +359,14 @@ class Budget:
         # headers may be written as it leaves), and a bucket's debt is paid at its refill, a
         # minute for a minute's worth; our own bookings drain the model of it apart
         # (``_own_full_at``), so a stale sample sends no more.
-        owed = capacity - remaining + self._ahead(now)
+        owed = capacity - remaining + self._log.ahead(now)
         nominal = self._refill  # (sync set it from the provider's limit)
         full_at, refill = predicted
-        expected = max(0.0, full_at - now) * refill
-        # (A bucket full, or predicted so, hides what was spent: nothing to learn.)
-        learn = learn and self._learns_outside and self._sampled_at > -math.inf
-        if learn and owed >= 1 and expected >= 1:
-            # (Raised faster than lowered: a share guessed low sends into an empty bucket.)
-            missing = owed - expected
-            tau_s = OUTSIDE_TAU_S if missing > 0 else 2 * OUTSIDE_TAU_S
-            outside = self._outside + missing / tau_s
-            self._outside = min(_OUTSIDE_MAX * nominal, max(0.0, outside))
-        self._sampled_at = now
-        new = nominal - self._outside
+        share = self._outside
+        if learn and share.learns:
+            share.learn(owed, max(0.0, full_at - now) * refill, nominal)
+        share.sampled_at = now
+        new = nominal - share.rate
         if self._own_full_at > now:  # (what our bookings owe, kept, at the new refill)
             self._own_full_at = now + (self._own_full_at - now) * refill / new
         self._refill = new
@@ -435,12 +376,12 @@ class Budget:
             self._booked_refill = new
             self.drop_ahead(now)
             rebook = True
-            owed = capacity - remaining + self._ahead(now)
+            owed = capacity - remaining + self._log.ahead(now)
         self._seen_full_at = now + owed / new
         return rebook
 
     def _sync_window(
-        self, now: float, remaining: float, until: float, entry: _Entry | None
+        self, now: float, remaining: float, until: float, entry: Booking | None
     ) -> bool:
         """Any other window sampled: no more than ``remaining`` (less what it may not have
         counted) before ``until``, the pace starting over there. True if slots booked ahead
@@ -451,7 +392,8 @@ class Budget:
         # Room for slots booked ahead: they are booked again, at most now and then (each time
         # wakes every sender). Only a look that finds room waits for the next: a bunch of
         # replies comes at once, and the first of them may show none where a later one does.
-        room = self.burst and self._last_at > now and remaining - unseen + self._ahead(now) >= 1
+        log = self._log
+        room = self.burst and log.last_at > now and remaining - unseen + log.ahead(now) >= 1
         if room and now >= self._rebook_check_at:
             self._rebook_check_at = now + REBOOK_EVERY_S
             rebook = True  # slots booked ahead at the pace may go now
@@ -460,33 +402,21 @@ class Budget:
         self._cap_left, self._cap_until, self._fresh_at = remaining - unseen, until, until
         return rebook
 
-    def _unseen(self, now: float, entry: _Entry | None) -> float:
+    def _unseen(self, now: float, entry: Booking | None) -> float:
         """What we booked that the provider's count in the reply to ``entry`` may not hold:
         everything booked after it (or after ``now``, with no entry)."""
-        if entry is None:
-            return self._ahead(now)
-        return max(0.0, self._total - entry.mark - entry.cost)
+        return self._log.ahead(now) if entry is None else self._log.after(entry)
 
     def drop_ahead(self, now: float) -> None:
         """Take back every slot booked after ``now`` (their senders book again, told so by
         the rate limiter), and start the pace again from now, at the new limit."""
         log = self._log
-        self._advance(now)  # (what is after ``now`` is then the ahead entries, if any)
-        while log and log[-1].at > now:
-            entry = log.pop()
-            if self._n_ahead and entry.at > self._ahead_now:
-                self._n_ahead -= 1
-                self._ahead_sum -= entry.cost
-            self._sum -= entry.cost
-            self._total -= entry.cost
-            drain = entry.cost / self._refill
-            self._own_full_at -= drain
-            self._seen_full_at -= drain
-            entry.cost = 0.0
-        self._last_at = log[-1].at if log else -math.inf
+        drain = log.take_back(now) / self._refill
+        self._own_full_at -= drain
+        self._seen_full_at -= drain
         # Never sooner than the pace after the last booking kept: a token booking's slot is
         # its cost long, and starting over from ``now`` would let the next one in beside it.
-        kept = log[-1].at + log[-1].cost * self._interval if log else -math.inf
+        kept = log.last.at + log.last.cost * self._interval if log else -math.inf
         self._tat = min(self._tat, max(now + self._interval, kept))
         if self._bucket:
             # The bucket's own drain moved to each booking's time (``book``): bookings far
@@ -512,10 +442,4 @@ class Budget:
 
     def next_booked(self, now: float) -> float | None:
         """When the earliest booking after ``now`` goes (refunded ones are no request)."""
-        first = None
-        for e in reversed(self._log):
-            if e.at <= now:
-                break
-            if e.cost > 0:
-                first = e.at
-        return first
+        return self._log.next_booked(now)

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from .capacity import CapacityProbe
-from .limiter import Limiters
+from .limiters import Limiters
 
 FALLBACK = 32  # senders while a token limit is known but no request's cost yet
 _EVERY_S = 1.0  # how often the size is reconsidered

@@ -42,6 +42,9 @@ class Config:
     max_tokens: int | None = None
     temperature: float | None = None
     system: str | None = None
+    # The priority of lines that name none (--priority): a flag for one file, not a setting
+    # of the config file, which every file a run reads would take.
+    priority: int | None = None
     # "auto": enough in flight to reach the rate limits at the latency seen, up to
     # max_concurrency (worker.Worker); a number fixes it.
     concurrency: int | str = "auto"
@@ -124,7 +127,7 @@ class Config:
     @property
     def defaults(self) -> Defaults:
         """Body defaults applied to input lines that leave them out."""
-        return Defaults(self.model, self.max_tokens, self.temperature, self.system)
+        return Defaults(self.model, self.max_tokens, self.temperature, self.system, self.priority)
 
     @property
     def price_table(self) -> dict[str, Price]:
@@ -215,7 +218,13 @@ class _Origin:
     flags: Mapping[str, Any]
 
 
-_FILE_KEYS = {f.name for f in fields(Config)} - {"api_key", "config_path", "origin", "reroute"}
+_FILE_KEYS = {f.name for f in fields(Config)} - {
+    "api_key",
+    "config_path",
+    "origin",
+    "reroute",
+    "priority",
+}
 _ALIASES = {
     "timeout": "timeout_s",
     "connect_timeout": "connect_timeout_s",

@@ -30,6 +30,7 @@ ErrorType = Literal[
     "quota",
     "spend_limit",
     "rate_limit",
+    "capacity",
     "server",
     "timeout",
     "connection",

@@ -94,9 +94,10 @@ class CostMeter:
         self._held_usd += charge.estimate_usd
         return True
 
-    def settle(self, charge: Charge, usage: Usage | None) -> float | None:
-        """A reply came: its cost, now counted as spent. None: no price for its model, or its
-        usage was missing or unusable (``Reply.usage``). Such a reply's cost is unknown, but
+    def settle(self, charge: Charge, usage: Usage | None, tier: str | None = None) -> float | None:
+        """A reply came: its cost at the ``tier`` that served it, now counted as spent. None:
+        no price for its model, or its usage was missing or unusable (``Reply.usage``). Such a
+        reply's cost is unknown, but
         not nothing: under a cap its estimate is counted as spent instead, so a reply that
         claims to have cost less (or nothing) never makes room for more."""
         self.release(charge)
@@ -109,7 +110,7 @@ class CostMeter:
         self._real_out += usage.tokens_out
         if charge.price is None:
             return None
-        cost = charge.price.usage_cost_usd(usage)
+        cost = charge.price.tier_cost_usd(usage, tier)
         self.spent_usd += cost
         return cost
 

@@ -13,16 +13,24 @@ from dataclasses import astuple, dataclass
 
 @dataclass(frozen=True, slots=True)
 class Defaults:
-    """Body defaults from config and flags, applied to lines that leave them out."""
+    """Body defaults from config and flags, applied to lines that leave them out, and the
+    priority (``--priority``) of lines that name none: not part of the body."""
 
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     system: str | None = None
+    priority: int | None = None
 
     def __bool__(self) -> bool:
-        """Whether any default is set."""
-        return any(v is not None for v in astuple(self))
+        """Whether any body default is set (the priority is not one: nothing to count)."""
+        return any(v is not None for v in astuple(self)[:4])
+
+
+# What a line's ``priority`` may be: a bound a human will not reach, well inside SQLite's
+# 64-bit integers (a larger JSON number would not bind).
+PRIORITY_MIN, PRIORITY_MAX = -1_000_000_000, 1_000_000_000
+PRIORITY_RANGE = f"a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}"
 
 
 # Which defaults a line took (Request.applied), as bits, for `add` and `--dry-run` to count.

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .breaker import Breakers
+from .joblog import JobNames, OnAttempt, attempt_event
 from .records import DEAD, DONE, Job, Outcome
 from .run_records import Progress
 from .stops import TRUNCATED
@@ -66,8 +67,12 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_attempt: OnAttempt | None = None,
     ) -> None:
         self._store = store
+        # Only with a log that wants each attempt: the custom_ids it names them by.
+        self._on_attempt = on_attempt
+        self._names = JobNames(store) if on_attempt is not None else None
         self._progress = progress
         self.concurrency = concurrency
         self._breakers = breakers
@@ -100,8 +105,16 @@ class Dispatcher:
         """What became of a job; recorded at the next store cycle."""
         # Look up _pending only now: the store task swaps in a new list while senders wait.
         self._pending.append(outcome)
+        if self._on_attempt is not None:  # a log wants it: nothing built otherwise
+            self._log_attempt(outcome)
         if self._cycle_due() or (self.stopping and not self._progress.in_flight):
             self._wake.set()
+
+    def _log_attempt(self, outcome: Outcome) -> None:
+        assert self._on_attempt is not None and self._names is not None
+        job = self._claimed.get(outcome.job_id)
+        name = self._names.get(outcome.job_id)
+        self._on_attempt(attempt_event(job, outcome, name, self._wall()))
 
     def defer(self, job_id: int, next_at: float) -> None:
         """Put an unsent job back in the store until ``next_at`` (wall clock), attempts kept."""
@@ -218,6 +231,8 @@ class Dispatcher:
             room, now=self._wall(), record=batch, sent=sent, deferred=deferred
         )
         self._commit_progress(batch, deferred)
+        if self._names is not None and jobs:
+            await self._names.cover(jobs)
         if room:
             self._more_due = len(jobs) == room
         for job in jobs:

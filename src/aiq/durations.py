@@ -7,7 +7,7 @@ Dependency-free, as :mod:`aiq.text` is, so every layer can use both.
 
 from __future__ import annotations
 
-__all__ = ["duration_text", "fmt_duration"]
+__all__ = ["duration_text", "fmt_duration", "parse_age"]
 
 
 def duration_text(seconds: float) -> str:
@@ -36,3 +36,23 @@ def fmt_duration(seconds: float | None) -> str:
     if s >= 60:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s}s"
+
+
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """Seconds in an age as ``aiq prune`` takes it: a number and a unit, ``45s``, ``90m``,
+    ``12h``, ``30d``, ``2w``. ValueError, saying what is taken, for anything else: a bare
+    number would leave the reader to guess its unit, and a retention of 30 s for an intended
+    30 days removes nearly everything."""
+    number, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    try:
+        value = float(number) if unit in _UNITS_S else -1.0
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(
+            f"{text!r} is not an age: give a number and a unit, like 30d, 12h, 90m, 2w"
+        )
+    return value * _UNITS_S[unit]

@@ -28,7 +28,7 @@ import orjson
 from . import tallies
 from .database import count_change, rollback
 from .inputs import KEEP_BAD_LINES, BadLine, Request, count_defaults
-from .records import DEAD, QUEUED, EnqueueCounts, Source
+from .records import DEAD, DONE, QUEUED, RUNNING, EnqueueCounts, Source
 from .requestfile import Prefix, RequestFile
 from .store import JobStore
 
@@ -192,6 +192,7 @@ async def _write_all(
 ) -> None:
     """Write the parser's batches, committing every LINES_PER_COMMIT lines."""
     since_commit, before = 0, db.total_changes
+    priorities = _Priorities()
     try:
         while (batch := await parser.next()) is not None:
             if not db.in_transaction:
@@ -199,7 +200,7 @@ async def _write_all(
                 before = db.total_changes
                 if forget_prefix():
                     await db.execute("DELETE FROM prefixes WHERE source_id = ?", (source.id,))
-            await _insert(db, source, batch, now, counts)
+            await _insert(db, source, batch, now, counts, priorities)
             since_commit += batch.lines
             if since_commit >= LINES_PER_COMMIT:
                 await count_change(db, before)
@@ -214,7 +215,12 @@ async def _write_all(
 
 
 async def _insert(
-    db: aiosqlite.Connection, source: Source, b: Batch, now: float, counts: EnqueueCounts
+    db: aiosqlite.Connection,
+    source: Source,
+    b: Batch,
+    now: float,
+    counts: EnqueueCounts,
+    priorities: _Priorities,
 ) -> None:
     """Insert one batch inside the caller's transaction, adding to ``counts``."""
     counts.valid += b.valid
@@ -225,9 +231,50 @@ async def _insert(
     added = await _insert_rows(db, jobs_sql, now, b.jobs, JOB_PARAMS)
     if added:  # counted here, once a batch: a trigger a row took twice the inserts' time
         await tallies.add_queued(db, added)
+    if added < len(b.jobs) // JOB_PARAMS:  # requests the store had: a line may raise one
+        await priorities.raise_known(db, b.jobs)
+    elif added:
+        priorities.lower(b.jobs)
     counts.jobs_added += added
     # Inserted plus re-pointed items; _finish takes the re-pointed off.
     counts.new += await _insert_rows(db, items_sql, source.id, b.items, ITEM_PARAMS)
+
+
+class _Priorities:
+    """Gives each unfinished request the highest priority a line asks of it: one request
+    answers every line that has it, so the most urgent decides. Not the latest: a nightly
+    cron re-adding its file at 0 must not demote a request an urgent file shares.
+
+    Only batches holding a known request can raise one (a fresh add pays nothing), and only
+    a line above the lowest unfinished priority can: a file read again at the priority it
+    had (the usual re-read, at 0) is one look at the index, not a lookup per line.
+    """
+
+    def __init__(self) -> None:
+        self._floor: int | None = None  # the lowest unfinished priority; raises only lift it
+
+    def lower(self, jobs: list[Any]) -> None:
+        """Take in the priorities of a batch's new requests, once the floor is known."""
+        if self._floor is not None and jobs:
+            self._floor = min(self._floor, min(jobs[4::JOB_PARAMS]))
+
+    async def raise_known(self, db: aiosqlite.Connection, jobs: list[Any]) -> None:
+        """Raise the requests of ``jobs`` (a batch's flat rows) that a line asks more of."""
+        if self._floor is None:
+            ((floor,),) = await db.execute_fetchall(
+                # Covered by the (state, next_at, priority) index: no row is read.
+                "SELECT min(priority) FROM jobs WHERE state IN (?, ?, ?)",
+                (QUEUED, RUNNING, DEAD),
+            )
+            self._floor = 0 if floor is None else int(floor)
+        self.lower(jobs)  # the batch's own new requests, inserted first
+        if max(jobs[4::JOB_PARAMS]) <= self._floor:
+            return
+        rows = [(jobs[i + 4], jobs[i], DONE) for i in range(0, len(jobs), JOB_PARAMS)]
+        await db.executemany(
+            "UPDATE jobs SET priority = ?1 WHERE k64 = ?2 AND priority < ?1 AND state != ?3",
+            rows,
+        )
 
 
 async def _insert_rows(
@@ -264,12 +311,12 @@ _K64 = struct.Struct(">q")
 # - Checkpoints (each copies the WAL back and fsyncs twice) wait for CHECKPOINT_PAGES
 #   pages (160 MB) of WAL: 20,000 took 0.6 s more of a 9.5 s add of a million lines.
 ENQUEUE_BATCH = 10_000
-ROWS_PER_INSERT = 5_000  # 5 or 6 parameters a row: SQLite allows 32,766 (>= 3.32)
+ROWS_PER_INSERT = 5_000  # 5 parameters a row, 1 shared: SQLite allows 32,766 (>= 3.32)
 LINES_PER_COMMIT = 100_000
 PARSE_AHEAD = 2
 CHECKPOINT_PAGES = 40_000
 
-JOB_PARAMS = 4  # k64, key, endpoint, body (created_at is one shared parameter)
+JOB_PARAMS = 5  # k64, key, endpoint, body, priority (created_at is one shared parameter)
 ITEM_PARAMS = 5  # ck, custom_id, job_k64, line_no, line (source_id is shared)
 
 
@@ -300,12 +347,12 @@ def prepare(lines: list[Request | BadLine] | None) -> Batch | None:
         if isinstance(req, BadLine):
             bad.append(req)
             continue
-        line_no, custom_id, endpoint, body, key, line, _derived, ck, _applied = req
+        line_no, custom_id, endpoint, body, key, line, _derived, ck, _applied, priority = req
         jk = _K64.unpack_from(key)[0]  # k64(key), inlined: hot path
         # bytearray, not bytes: sqlite3 binds it directly, while a bytes parameter goes
         # through its adapter lookup first (~640 ns against ~95, three times a line, in the
         # thread that holds the GIL to bind). Still stored and read back as a BLOB.
-        jobs += (jk, bytearray(key), endpoint, bytearray(body))
+        jobs += (jk, bytearray(key), endpoint, bytearray(body), priority)
         items.append((ck, custom_id, jk, line_no, bytearray(line)))
     # In key order, inserts into the items' unique index land on neighbouring pages: a
     # third less time for them. The sort is stable, so a custom_id given twice keeps its
@@ -379,9 +426,9 @@ class Parser:
 
 @lru_cache(maxsize=4)
 def jobs_sql(rows: int) -> str:
-    values = ", ".join(["(?1, ?, ?, ?, ?)"] * rows)
+    values = ", ".join(["(?1, ?, ?, ?, ?, ?)"] * rows)
     return (
-        f"INSERT INTO jobs (created_at, k64, key, endpoint, body) VALUES {values} "
+        f"INSERT INTO jobs (created_at, k64, key, endpoint, body, priority) VALUES {values} "
         "ON CONFLICT (k64) DO NOTHING"
     )
 

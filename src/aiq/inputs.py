@@ -33,6 +33,9 @@ from .defaults import (
     APPLIED_MODEL,
     APPLIED_SYSTEM,
     APPLIED_TEMPERATURE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    PRIORITY_RANGE,
     WITHHELD_TEMPERATURE,
     Defaults,
     is_reasoning_model,
@@ -96,6 +99,7 @@ class Request(NamedTuple):
     derived_id: bool  # the line had no custom_id: it is named by its number, line-N
     id_hash: int  # custom_id_hash(custom_id), the store's short id for the item
     applied: int  # which defaults the line took: APPLIED_* bits (and WITHHELD_TEMPERATURE)
+    priority: int = 0  # claimed before lower ones (its own ``priority`` or the file's)
 
 
 # Invalid lines kept with their reasons, for reports (which show the first 50); the rest are
@@ -146,7 +150,10 @@ def custom_id_hash(custom_id: str) -> int:
 def rules_fingerprint(defaults: Defaults) -> str:
     """What decides how a line reads: a stored prefix read under other rules is read again."""
     head = KEY_TAG + RULES_VERSION.encode()
-    return hashlib.sha256(head + canonical(astuple(defaults))).hexdigest()[:32]
+    rules = astuple(defaults)
+    if defaults.priority is None:  # as before priorities: stored prefixes stay good
+        rules = rules[:4]
+    return hashlib.sha256(head + canonical(rules)).hexdigest()[:32]
 
 
 def _kind(value: Any) -> str:
@@ -326,6 +333,12 @@ def parse_line(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None 
     custom_id = obj.pop("custom_id", None)
     if custom_id is not None and (type(custom_id) is not str or not custom_id):
         raise LineError(f"field 'custom_id': expected a non-empty string, got {_kind(custom_id)}")
+    # aiq's, not the body's, in every shape: neither sent nor part of the key.
+    priority = obj.pop("priority", _MISSING)
+    if priority is _MISSING:
+        priority = defaults.priority or 0
+    elif type(priority) is not int or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise LineError(_bad_priority(priority))
     endpoint, body, complete = _split(obj)
     applied = _apply_defaults(endpoint, body, defaults, complete)
     data = bytes(memoryview(_dumps(body, option=orjson.OPT_SORT_KEYS)))  # see canonical()
@@ -343,8 +356,17 @@ def parse_line(raw: bytes, line_no: int, defaults: Defaults, seen: IdSet | None 
         raise LineError(_twice(custom_id, derived))
     id_hash = _ID_KEY.unpack(id_digest)[0]
     return _new_tuple(
-        Request, (line_no, custom_id, endpoint, data, key, raw, derived, id_hash, applied)
+        Request,
+        (line_no, custom_id, endpoint, data, key, raw, derived, id_hash, applied, priority),
     )
+
+
+def _bad_priority(value: Any) -> str:
+    got = f"{value}" if type(value) is int else _kind(value)
+    if type(value) is float:  # orjson reads a whole number past 64 bits as one too
+        fits = value.is_integer() and PRIORITY_MIN <= value <= PRIORITY_MAX
+        got = f"{value!r}" + (" (write it without the decimal point)" if fits else "")
+    return f"field 'priority': expected {PRIORITY_RANGE}, got {got}"
 
 
 def _twice(custom_id: str, derived: bool) -> str:

@@ -16,21 +16,21 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .budget import CALENDAR_MARGIN_S, HEADROOM, WINDOW_S, Budget, RequestTooLarge, _Entry
+from .booking_log import Booking
+from .budget import CALENDAR_MARGIN_S, HEADROOM, WINDOW_S, Budget, RequestTooLarge
 from .ratelimit_headers import RateLimitInfo
-from .refusal_limit import CHECK_S, PROBE_WAIT_S, RefusalLimit
+from .refusal_limit import PROBE_WAIT_S, RefusalLimit
+from .slot_waits import SlotWaits
 from .split_tokens import NO_SPLIT, SplitCost, SplitTokens
+from .tokens import LearnedRatio
 
-__all__ = ["HEADROOM", "WINDOW_S", "Budget", "Limiters", "RateLimiter", "RequestTooLarge", "Ticket"]
+__all__ = ["HEADROOM", "WINDOW_S", "Budget", "RateLimiter", "RequestTooLarge", "Ticket"]
 
 # Told a limit, this share of it sent in a window before a 429 is the limit met.
 _MET = 0.8
-# With an injected clock, a sender waiting for its slot looks this often whether it was taken
-# back (on the real one, it is woken).
-_REBOOK_CHECK_S = 0.2
 
 
 @dataclass(slots=True)
@@ -40,28 +40,13 @@ class Ticket:
     prompt_estimate: int
     reserved: int
     limiter: RateLimiter  # the one that booked it
-    request: _Entry | None = None
-    tokens: _Entry | None = None
+    request: Booking | None = None
+    tokens: Booking | None = None
     cost: float = 0.0
     # Input and output tokens apart (Anthropic's limits): the entries booked.
-    split: tuple[_Entry | None, _Entry | None] = (None, None)
+    split: tuple[Booking | None, Booking | None] = (None, None)
     sent_at: float = 0.0  # when it may go (the limiter's clock)
-    window: _Entry | None = None  # its place in a limit learned from 429s
-
-
-@dataclass(slots=True)
-class _Learned:
-    """The ratio of real prompt tokens to estimated ones, averaged over recent replies."""
-
-    ratio: float = 1.0
-    samples: int = 0
-
-    def update(self, estimated: int, actual: int) -> None:
-        if estimated <= 0 or actual <= 0:
-            return
-        self.samples += 1
-        weight = max(0.05, 1.0 / self.samples)  # a plain mean first, then a moving average
-        self.ratio += weight * (actual / estimated - self.ratio)
+    window: Booking | None = None  # its place in a limit learned from 429s
 
 
 @dataclass(slots=True)
@@ -92,16 +77,14 @@ class RateLimiter:
         self._requests = Budget(rpm, headroom=headroom, outside=True) if rpm else None
         self._tokens = Budget(tpm, headroom=headroom) if tpm else None
         self._clock = clock
-        self._sleep = sleep
         self._paused_until = -math.inf
-        self._prompt = _Learned()
-        self._avg_cost = _Learned()  # tokens per request, for concurrency sizing
+        self._prompt = LearnedRatio()
+        self._avg_cost = LearnedRatio()  # tokens per request, for concurrency sizing
         self._deferred_until = -math.inf  # the next slot ``defer`` hands out
-        # Moves when a lower limit is learned: slots booked before it, at the old pace, are
-        # booked again (with --concurrency auto every sender may hold one when the first
-        # reply says the limit is lower than the one configured).
-        self._generation = 0
-        self._waiters: set[asyncio.Future[None]] = set()  # woken when it moves
+        # Slots booked at an old pace are taken back when a lower limit is learned (with
+        # --concurrency auto every sender may hold one when the first reply says the limit
+        # is lower than the one configured), or when the window says they may go now.
+        self._slots = SlotWaits(sleep)
         # A server that reports no limit: what its 429s teach.
         self._refusal = RefusalLimit(headroom=headroom)
         self.learned: bool = False  # whether any limit came from the provider's headers
@@ -189,13 +172,13 @@ class RateLimiter:
         while True:
             now = self._clock()
             at = self._book(ticket, now)
-            generation = self._generation
+            generation = self._slots.generation
             if at == math.inf:  # a probe is out (a limit learned from 429s): nothing booked
-                await self._wait(PROBE_WAIT_S, generation)
+                await self._slots.wait(PROBE_WAIT_S, generation)
                 continue
             if at > now:
-                await self._wait(at - now, generation)
-            if self._paused_until <= at and self._generation == generation:
+                await self._slots.wait(at - now, generation)
+            if self._paused_until <= at and self._slots.generation == generation:
                 ticket.sent_at = at
                 return ticket
             # A pause began while this request waited for its slot, or a lower limit was
@@ -217,35 +200,6 @@ class RateLimiter:
         if self._split is not None:
             budgets.extend(self._split.budgets())
         return budgets
-
-    async def _wait(self, seconds: float, generation: int) -> None:
-        """Sleep ``seconds``, less if the slot is taken back meanwhile (a lower limit learned,
-        or the provider's window saying it may go now): ``_generation`` moves."""
-        if self._sleep is not asyncio.sleep:  # an injected clock (tests): look in steps
-            while seconds > 0 and self._generation == generation:
-                step = min(seconds, _REBOOK_CHECK_S)
-                await self._sleep(step)
-                seconds -= step
-            return
-        # A future of its own (not a shield around a shared one: each shield leaves a
-        # callback on it, thousands of them run at every wake-up).
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
-        try:
-            async with asyncio.timeout(None if seconds == math.inf else seconds):
-                await waiter
-        except TimeoutError:
-            pass
-        finally:
-            self._waiters.discard(waiter)
-
-    def _rebook(self) -> None:
-        """Slots booked are to be booked again: wake every sender waiting for one."""
-        self._generation += 1
-        waiters, self._waiters = self._waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
 
     def defer(self, prompt_tokens: int = 0, reserved: int = 0, *, after_s: float) -> float | None:
         """None if a request acquired now would wait ``after_s`` or less; else how many
@@ -387,7 +341,7 @@ class RateLimiter:
         if through:
             # What got through is what a 429 would teach.
             if self._refusal.got_through(ticket.sent_at, self._clock()):
-                self._rebook()  # a probe: the window turned, the senders held may go
+                self._slots.wake_all()  # a probe: the window turned, the senders held may go
         elif ticket.window is not None:
             self._refusal.forget(ticket.window)  # a probe lost: another may go
             ticket.window = None
@@ -448,7 +402,7 @@ class RateLimiter:
             budget.drop_ahead(now)
         if self._split is not None:
             self._split.taken_back(now)
-        self._rebook()
+        self._slots.wake_all()
 
     def rate_limited(
         self,
@@ -486,17 +440,8 @@ class RateLimiter:
             met = requests.booked(start, now) >= _MET * requests.per_minute
         refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at, met=met)
         if refusal.limit is not None:
-            self._rebook()  # senders let go, or held for a probe, book again
-        # A turn guessed at: wait for the next probe, no longer (the probes are the backoff).
-        probe_in_s = max(0.0, refusal.probe_at - now)
-        if retry_after_s is not None and upper_bound:
-            # (Before a limit is learned, a look a second later: the clock's minute is only
-            # a guess, and a pause to it would outlast the probes once one is.)
-            first_s = probe_in_s if refusal.limit is not None else CHECK_S
-            retry_after_s = min(retry_after_s, minute_s, first_s)
-        elif retry_after_s is None and probe_in_s < math.inf:
-            retry_after_s = probe_in_s
-        return retry_after_s
+            self._slots.wake_all()  # senders let go, or held for a probe, book again
+        return refusal.wait_s(now, retry_after_s, upper_bound=upper_bound, minute_s=minute_s)
 
     def wait_s(self) -> float:
         """Seconds until the next request booked for later goes, or with none booked, until
@@ -513,86 +458,3 @@ class RateLimiter:
     def paused_s(self) -> float:
         """Seconds left of the pause a 429 asked for (0: none)."""
         return max(0.0, self._paused_until - self._clock())
-
-
-class Limiters:
-    """One RateLimiter per model: providers limit each model on its own, and report each
-    model's limits in its own replies' headers. A model named in ``per_model`` gets those
-    limits; any other gets ``rpm`` / ``tpm``; unlimited ones may learn theirs from headers."""
-
-    def __init__(
-        self,
-        *,
-        rpm: float | None = None,
-        tpm: float | None = None,
-        per_model: Mapping[str, tuple[float | None, float | None]] | None = None,
-        make: Callable[[float | None, float | None], RateLimiter] | None = None,
-    ) -> None:
-        self._default = (rpm, tpm)
-        self._per_model = dict(per_model or {})
-        self._make = make or (lambda r, t: RateLimiter(rpm=r, tpm=t))
-        self._by_model: dict[str | None, RateLimiter] = {}
-        # Whether more than one limiter is in use: then a sender need not wait for one.
-        self.several = False
-
-    @classmethod
-    def shared(cls, limiter: RateLimiter) -> Limiters:
-        """Every model under one limiter (tests, and callers that pass their own)."""
-        limiters = cls()
-        limiters._make = lambda r, t: limiter
-        return limiters
-
-    def for_model(self, model: str | None) -> RateLimiter:
-        limiter = self._by_model.get(model)
-        if limiter is None:
-            rpm, tpm = self._per_model.get(model or "", self._default)
-            limiter = self._by_model[model] = self._make(rpm, tpm)
-            self.several = len({id(lim) for lim in self._by_model.values()}) > 1
-        return limiter
-
-    def requests_per_s(self) -> float | None:
-        """The pace all models' limits allow together (None while none is known)."""
-        rates = [r for lim in set(self._by_model.values()) if (r := lim.requests_per_s())]
-        if rates:
-            return sum(rates)
-        # Before any reply: what the configured request limits say.
-        configured = [r for r, _ in (self._default, *self._per_model.values()) if r]
-        return max(configured) * HEADROOM / 60.0 if configured else None
-
-    @property
-    def bursting(self) -> bool:
-        """Whether some model's limiter may send some of its provider's window at once
-        (before any, a configured request limit: taken for a bucket full at the start)."""
-        if not self._by_model:
-            return any(r for r, _ in (self._default, *self._per_model.values()))
-        return any(lim.bursting for lim in self._by_model.values())
-
-    def burst_size(self) -> float:
-        """How many requests all models' windows let go at once now."""
-        if not self._by_model:  # a presumed bucket's first opening, and the next
-            return 2.0 if self.bursting else 0.0
-        return sum(lim.burst_size() for lim in set(self._by_model.values()))
-
-    @property
-    def unpaced(self) -> bool:
-        """Whether some model in use has no known request rate: it can keep any number of
-        senders busy, whatever the others' limits allow."""
-        return any(lim.requests_per_s() is None for lim in self._by_model.values())
-
-    def in_use(self) -> dict[str | None, RateLimiter]:
-        """The limiter of each model sent to so far."""
-        return dict(self._by_model)
-
-    def configured(self, model: str | None) -> tuple[float | None, float | None]:
-        """The (rpm, tpm) the settings give ``model``, before anything the provider says."""
-        return self._per_model.get(model or "", self._default)
-
-    @property
-    def any_limit(self) -> bool:
-        """Whether any limit is known, configured or learned."""
-        if any(r or t for r, t in (self._default, *self._per_model.values())):
-            return True
-        return any(
-            lim.limits.rpm or lim.limits.tpm or lim.limits.itpm or lim.limits.otpm
-            for lim in self._by_model.values()
-        )

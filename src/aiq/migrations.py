@@ -245,6 +245,39 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     (
+        # A job's priority: claimed before every lower one, then as before (jobs put back to
+        # wait, by when they came due, then untried ones, in input order). The line's own
+        # `priority` or its file's --priority; a request many lines share takes the highest
+        # (enqueue._raise_priorities). The index that served claims, (state, next_at), gains
+        # priority as its last column instead of a second index beside it: untried jobs
+        # (next_at 0) then come in the claim's order, highest first, and in input order
+        # within one (the rowid follows), read in order with no sort; every query the old
+        # index served reads its prefix. An `add` appends to one index, as before.
+        # In the same migration (issue 16's, one upgrade): every failed attempt, where the
+        # job row keeps only the last, for `aiq show`. A write per failure, none per success;
+        # a job's are deleted with it. Jobs that failed before it have only their last error.
+        "0009_priority",
+        """
+        ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+        DROP INDEX jobs_state_next;
+        CREATE INDEX jobs_claim ON jobs (state, next_at, priority DESC);
+
+        CREATE TABLE errors (
+            job_id INTEGER NOT NULL,        -- jobs.id
+            attempts INTEGER NOT NULL,      -- the job's attempts after this one
+            at REAL NOT NULL,               -- when it failed (unix seconds)
+            error_type TEXT,
+            status_code INTEGER,
+            message TEXT,                   -- as the job row keeps it: redacted
+            request_id TEXT,
+            state INTEGER NOT NULL          -- what became of the job: 0 retried, 3 dead
+        );
+        CREATE INDEX errors_job ON errors (job_id);
+        CREATE TRIGGER jobs_errors_delete AFTER DELETE ON jobs
+        BEGIN DELETE FROM errors WHERE job_id = OLD.id; END;
+        """,
+    ),
+    (
         # The provider's own batch engine (aiq.batch_engine, issue 15). A batch is planned with
         # its jobs before any call, then each step's answer is written before the next call
         # (uploaded: input_file_id; created: provider_batch_id; ingested), so a run killed at

@@ -118,11 +118,17 @@ def replied(
     return out
 
 
+def refused(err: ProviderError) -> bool:
+    """A 429's kind: the provider declined the call for now, at the client's pace (a rate
+    limit) or for want of capacity (a flex tier's), not for anything in the request."""
+    return err.error_type in ("rate_limit", "capacity")
+
+
 def own_fault(err: ProviderError, health: Health) -> bool:
-    """Whether a failure is the job's own, and costs it an attempt: not a rate limit (the
-    client's pace), a fatal error (the account or settings), a provider that is down (every
-    breaker open) or an endpoint no call has reached."""
-    if err.fatal or err.error_type == "rate_limit":
+    """Whether a failure is the job's own, and costs it an attempt: not a refusal (the
+    client's pace, the provider's capacity), a fatal error (the account or settings), a
+    provider that is down (every breaker open) or an endpoint no call has reached."""
+    if err.fatal or refused(err):
         return False
     return not (outage_like(err) and health.down) and not (err.unreachable and not health.reached)
 
@@ -147,7 +153,7 @@ def failed(
         return Fate(out, give_up="fatal")
     if err.unreachable and not health.reached and health.unreachable:
         return Fate(out, give_up="unreachable")
-    rate_limited = err.error_type == "rate_limit"
+    rate_limited = refused(err)
     # A 429 costs no attempt, so its backoff grows with the run's streak of refusals.
     wait_s = backoff.delay(
         max(1, out.attempts, refusals.rounds if rate_limited else 0),
@@ -184,6 +190,7 @@ def _attempted(
         status_code=err.status_code,
         error_type=err.error_type,
         error_message=err.message,
+        request_id=err.request_id,
         latency_s=now - started,
         # No reply in time (not a 408, not a connection never made): it may have been billed.
         timed_out=err.error_type == "timeout" and err.status_code is None and not err.unreachable,
@@ -226,6 +233,8 @@ def given_up(
         return err
     if why == "unreachable":
         return endpoint_lost(last_error)
+    if err.error_type == "capacity":
+        return no_capacity_throughout(policy.max_outage_s, err.message)
     return refused_throughout(policy.max_outage_s, err.message)
 
 
@@ -248,6 +257,18 @@ def provider_down(max_outage_s: float, last_error: str) -> ProviderError:
         f"the provider has failed every call for over {duration_text(max_outage_s)} "
         f"(--max-outage), the last with {quoted(last_error)}; no job was charged for it. "
         "Check the provider's status page",
+        fatal=True,
+    )
+
+
+def no_capacity_throughout(max_outage_s: float, message: str) -> ProviderError:
+    """Every call turned away for want of capacity (a flex tier's) for longer than
+    --max-outage: the tier is full for now, not the limits."""
+    return ProviderError(
+        "capacity",
+        f"the provider has had no capacity for any call for over "
+        f"{duration_text(max_outage_s)} (--max-outage), the last answer {quoted(message)}; no "
+        "job was charged for it. Run aiq resume later, or send at the default tier",
         fatal=True,
     )
 

@@ -38,6 +38,12 @@ CACHE_WRITE_1H = 2.0
 CACHE_READ = 0.1
 
 
+# What a tier's tokens cost against the list price: OpenAI prices flex "at Batch API rates"
+# (its flex-processing guide), half the list price (its Batch guide: "50% cost discount").
+# A priority tier costs more, by a table per model not kept here: priced at the list price.
+TIER_SHARE = {"flex": 0.5}
+
+
 @dataclass(frozen=True, slots=True)
 class PriceCheck:
     """When a default price was last checked against its source (None: it has no list price
@@ -74,6 +80,11 @@ class Price:
         """What ``tokens_in`` prompt and ``tokens_out`` completion tokens cost, at the plain
         rates (an estimate's: whether a prompt will be cached is not known before)."""
         return (tokens_in * self.input_per_m + tokens_out * self.output_per_m) / 1_000_000
+
+    def tier_cost_usd(self, u: Usage, tier: str | None) -> float:
+        """What a reply's usage costs at the tier that served it: flex at its share of the
+        list price (:data:`TIER_SHARE`), any other at the list price."""
+        return self.usage_cost_usd(u) * TIER_SHARE.get(tier or "", 1.0)
 
     def usage_cost_usd(self, u: Usage) -> float:
         """What a reply's usage costs, each kind of prompt token at its own rate."""

@@ -99,6 +99,7 @@ class Job:
     first_attempt_at: float | None
     model: str | None = None
     due_at: float = 0.0  # when it came due; 0: never put back (by a retry or a rate limit)
+    priority: int = 0  # claimed before lower ones
 
 
 @dataclass(slots=True)
@@ -161,14 +162,47 @@ class EnqueueCounts:
         return SKIPPED_LINES if self.invalid else 0
 
 
+@dataclass(slots=True)
+class Carried:
+    """One input file's lines that only its output files hold since a prune (aiq.retention),
+    as custom_id hashes (items.ck): of pruned done jobs (in its results file), of pruned dead
+    ones (its dead letters), and of forgotten jobs (in either)."""
+
+    done: set[int] = field(default_factory=set)
+    dead: set[int] = field(default_factory=set)
+    forgotten: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True, kw_only=True)
+class Pruned:
+    """What ``prune`` did: jobs pruned by state, what was left as not exported yet, the bytes
+    of requests, replies and lines it removed, and the file's size before and after."""
+
+    done: int = 0
+    dead: int = 0
+    not_exported: int = 0  # old enough, but not (provably) in their files yet
+    forgotten: bool = False
+    freed_bytes: int = 0  # of requests, replies and input lines
+    size_before: int = 0
+    size_after: int = 0
+    vacuumed: bool = False
+    vacuum_skipped: str | None = None  # why the file was not shrunk
+    sources_unexported: list[str] = field(default_factory=list)  # files with no current export
+
+
 @dataclass(slots=True, kw_only=True)
 class Replayed:
     """What ``replay-dead`` did: how many dead jobs it queued again, the error types the dead
-    jobs had before, and why each custom_id asked for that was not replayed was not."""
+    jobs had before, and why each custom_id asked for that was not replayed was not; with
+    ``--set``, which fields changed in how many bodies (and with ``--dry-run``, would)."""
 
     replayed: int = 0
     dead_types: dict[str, int] = field(default_factory=dict)  # error type → dead jobs
     not_replayed: dict[str, str] = field(default_factory=dict)  # custom_id → "done", …
+    dry_run: bool = False  # nothing was changed: ``replayed`` says how many would be
+    sets: dict[str, Any] = field(default_factory=dict)  # --set: field → its new value
+    changed: dict[str, int] = field(default_factory=dict)  # field → jobs whose value changes
+    new_requests: int = 0  # distinct requests queued for the changed bodies
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +293,7 @@ class Stats:
     batches: list[Batch] = field(default_factory=list)
     requeued: dict[str, int] = field(default_factory=dict)
     in_batches: int = 0  # running jobs the provider holds in open batches (not abandoned)
+    size_bytes: int | None = None  # the store's file and -wal on disk (None: not looked at)
 
     @property
     def cost_usd(self) -> float | None:
@@ -345,4 +380,5 @@ class Stats:
             "batches": [b.as_dict() for b in self.batches],
             "requeued": self.requeued,
             "in_batches": self.in_batches,
+            "size_bytes": self.size_bytes,
         }

@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from .budget import Budget, _Entry
+from .booking_log import Booking
+from .budget import Budget
 
 SPAN_S = 60.0  # servers that report nothing still count per minute (LiteLLM's rpm)
 # Senders held while a probe is out look again this often (its answer wakes them sooner).
@@ -139,30 +140,40 @@ class RefusalLimit:
             return  # not yet a limit's, or not the configured one's window
         if self.paced is not None:
             self._lower(now)
+        elif not self._confirmed and now >= self._probe_at:
+            self._probe_refused(now, window_end)
+        elif self.limit is not None and now < self._learned[1]:
+            pass  # another of the round that taught the limit (they were in flight together)
+        elif self.limit is not None and self._confirmed:
+            self._refused_after_turn(now)
+        else:
+            self._learn(now, window_end, exact=exact)
+
+    def _probe_refused(self, now: float, window_end: float) -> None:
+        """The probe refused: the next twice as long after, or at the guessed turn, or past
+        that, at the next guess."""
+        self._probes += 1
+        turn = self._learned[1] if now < self._learned[1] else window_end
+        self._probe_out = False
+        self._probe_at = min(turn, now + CHECK_S * 2**self._probes)
+
+    def _refused_after_turn(self, now: float) -> None:
+        """Refused in a window whose turn is known. Kept under what the last one allowed:
+        not fixed windows (the refused request's booking is given back already: one under
+        is the count met, a little too high); nor if the count halved. Else the count is
+        what got through."""
+        limit = self.limit
+        assert limit is not None
+        k = self._index(now)
+        got = self._count(self._phase + k * SPAN_S)
+        if self._booked.get(k, 0.0) + 1 < limit or got < limit / 2:
+            self._pace(now)
             return
-        if not self._confirmed and now >= self._probe_at:
-            # The probe refused: the next twice as long after, or at the guessed turn, or
-            # past that, at the next guess.
-            self._probes += 1
-            turn = self._learned[1] if now < self._learned[1] else window_end
-            self._probe_out = False
-            self._probe_at = min(turn, now + CHECK_S * 2**self._probes)
-            return
-        if self.limit is not None and now < self._learned[1]:
-            return  # another of the round that taught the limit (they were in flight together)
-        if self.limit is not None and self._confirmed:
-            # Refused in a window whose turn is known. Kept under what the last one allowed:
-            # not fixed windows (the refused request's booking is given back already: one
-            # under is the count met, a little too high); nor if the count halved. Else the
-            # count is what got through.
-            k = self._index(now)
-            got = self._count(self._phase + k * SPAN_S)
-            if self._booked.get(k, 0.0) + 1 < self.limit or got < self.limit / 2:
-                self._pace(now)
-                return
-            self.limit = max(1.0, got)
-            self._booked[k] = self.limit
-            return
+        self.limit = max(1.0, got)
+        self._booked[k] = self.limit
+
+    def _learn(self, now: float, window_end: float, *, exact: bool) -> None:
+        """The limit is what got through in the window turning at ``window_end``."""
         start = self.window_start(window_end)
         got = self._count(start)
         if got < 1:
@@ -174,6 +185,22 @@ class RefusalLimit:
         self._confirmed = exact
         self._probe_at = math.inf if exact else min(window_end, now + CHECK_S)
         self._probe_out, self._probes = False, 0
+
+    def wait_s(
+        self, now: float, retry_after_s: float | None, *, upper_bound: bool, minute_s: float
+    ) -> float | None:
+        """How long a 429 asks to wait, as far as the window goes (None: no hint to go by).
+        A turn guessed at: wait for the next probe, no longer (the probes are the backoff).
+        A hint that is only an upper bound is cut to the clock's minute's turn, or before a
+        limit is learned, a look a second later: the clock's minute is only a guess, and a
+        pause to it would outlast the probes once one is."""
+        probe_in_s = max(0.0, self.probe_at - now)
+        if retry_after_s is not None and upper_bound:
+            first_s = probe_in_s if self.limit is not None else CHECK_S
+            return min(retry_after_s, minute_s, first_s)
+        if retry_after_s is None and probe_in_s < math.inf:
+            return probe_in_s
+        return retry_after_s
 
     @staticmethod
     def window_start(window_end: float) -> float:
@@ -229,22 +256,22 @@ class RefusalLimit:
             k += 1
         return at if k == first else self._phase + k * SPAN_S
 
-    def book(self, at: float) -> _Entry:
+    def book(self, at: float) -> Booking:
         """Book one request at ``at`` (from :meth:`ready_at`)."""
         if self.paced is not None:
             return self.paced.book(at, 1.0)
         if not self._confirmed:
             self._probe_out = True
-            return _Entry(at, 1.0, _PROBE)
+            return Booking(at, 1.0, _PROBE)
         k = self._index(at)
         booked = self._booked
         booked[k] = booked.get(k, 0.0) + 1
         if len(booked) > 8:  # windows long past
             for old in [i for i in booked if i < k - 2]:
                 del booked[old]
-        return _Entry(at, 1.0, _WINDOW - self._era)
+        return Booking(at, 1.0, _WINDOW - self._era)
 
-    def forget(self, entry: _Entry) -> None:
+    def forget(self, entry: Booking) -> None:
         """The booking was never sent, or the server did not count it (its 429)."""
         if entry.cost:
             if entry.mark == _PROBE:

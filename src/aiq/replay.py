@@ -4,7 +4,9 @@ the store has (a typo must not pass for "nothing to replay")."""
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
+from . import overrides
 from .errors import UsageError
 from .records import DEAD, STATE_NAMES, Replayed
 from .store import JobStore
@@ -12,10 +14,16 @@ from .text import plural
 
 
 async def replay(
-    store: JobStore, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
+    store: JobStore,
+    *,
+    error_type: str | None = None,
+    custom_ids: tuple[str, ...] = (),
+    sets: dict[str, Any] | None = None,
+    dry_run: bool = False,
 ) -> Replayed:
     """Queue again the dead jobs of ``error_type`` and of ``custom_ids`` (all, without them),
-    attempts reset.
+    attempts reset; with ``sets`` (``overrides.parse_sets``), as new requests with those
+    fields of their bodies changed (``overrides``). ``dry_run``: count, change nothing.
 
     UsageError, and nothing replayed, for a custom_id no input line has, or an error type no
     dead job has (the message lists those they have). A store with no dead job has nothing to
@@ -35,12 +43,38 @@ async def replay(
     if not result.dead_types:
         return result
     if error_type is not None and error_type not in result.dead_types:
-        raise UsageError(_unknown_type(error_type, result.dead_types))
+        raise UsageError(unknown_type(error_type, result.dead_types))
     job_ids = None
     if custom_ids:
         job_ids = [j for jobs in found.values() for j, state, _ in jobs if state == DEAD]
-    result.replayed = await store.replay_dead(error_type=error_type, job_ids=job_ids)
+    if not sets and not dry_run:
+        result.replayed = await store.replay_dead(error_type=error_type, job_ids=job_ids)
+        return result
+    dead = await store.dead_jobs(error_type=error_type, job_ids=job_ids)
+    result.dry_run, result.sets = dry_run, dict(sets or {})
+    rebuilt = [await _rebuilt(store, result.sets, job) for job in dead] if sets else []
+    for r in rebuilt:
+        for name in r.changed:
+            result.changed[name] = result.changed.get(name, 0) + 1
+    if dry_run:
+        result.replayed = len(dead)
+    elif rebuilt:
+        named = [(c, j) for c, jobs in found.items() for j, _, _ in jobs] if custom_ids else None
+        result.new_requests = await overrides.write(store, rebuilt, named)
+        result.replayed = len(rebuilt)
     return result
+
+
+async def _rebuilt(
+    store: JobStore, sets: dict[str, Any], job: tuple[int, int, int, str, bytes]
+) -> overrides.Rebuilt:
+    try:
+        return overrides.rebuild(sets, job, f"dead job {job[0]}")
+    except UsageError:  # named by a custom_id of its, looked up only now: a pass over items
+        custom_id = await store.custom_id_of(job[0])
+        if custom_id is None:
+            raise
+        return overrides.rebuild(sets, job, f"custom_id {custom_id!r}")
 
 
 def _why_not(jobs: list[tuple[int, int, str]], error_type: str | None) -> str:
@@ -59,12 +93,15 @@ def _listing(noun: str, names: list[str], most: int = 10) -> str:
     return f"{plural(len(names), noun)} {shown}{more}"
 
 
-def _unknown_type(error_type: str, dead_types: dict[str, int]) -> str:
+def unknown_type(
+    error_type: str, dead_types: dict[str, int], done: str = "replayed", flag: str = "--error"
+) -> str:
+    """Why ``error_type`` is refused: no dead job has it (the close one, and those they have)."""
     close = [t for t in dead_types if t.startswith(error_type)]
     close += difflib.get_close_matches(error_type, [t for t in dead_types if t not in close], 1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     have = ", ".join(f"{t} {n:,}" for t, n in dead_types.items())
     return (
-        f"no dead job has the error type {error_type!r}{hint}; nothing was replayed. The dead "
-        f"jobs' error types: {have}. Pass one of them to --error, or no --error for every one"
+        f"no dead job has the error type {error_type!r}{hint}; nothing was {done}. The dead "
+        f"jobs' error types: {have}. Pass one of them to {flag}, or no {flag} for every one"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
 from typing import Any
@@ -11,9 +12,9 @@ from .durations import fmt_duration
 from .forecast import Forecast
 from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
 from .pricing import PRICES_AS_OF
-from .records import EnqueueCounts, Replayed, Stats
+from .records import EnqueueCounts, Pruned, Replayed, Stats
 from .run_records import Export, Progress, RunSummary
-from .text import plural, usd
+from .text import plural, size_text, usd
 from .usage import TokenKinds
 
 _WITHHELD = DEFAULT_NAMES[WITHHELD_TEMPERATURE]
@@ -286,10 +287,17 @@ def defaults_line(applied: dict[str, int]) -> str:
 def export_lines(e: Export) -> list[str]:
     """Where one input file's results and dead letters are, and how many lines each has."""
     same = "" if e.written else ", unchanged"
-    return [
+    lines = [
         f"results: {e.results_path} ({plural(e.results, 'line')}{same})",
         f"dead letters: {e.dead_path} ({plural(e.dead, 'line')}{same})",
     ]
+    if e.pruned_lost:
+        lines.append(
+            f"pruned: {plural(e.pruned_lost, 'line')} of {e.source} are in neither file: `aiq "
+            "prune` left them to these files, which no longer hold them (moved or edited "
+            "since), or another input file's results hold them (the same requests, sent once)"
+        )
+    return lines
 
 
 def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
@@ -324,6 +332,8 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
             "were dead-lettered (--on-truncated dead), the replies kept in the dead letters"
         )
     lines.extend(stop_lines(s.truncated, s.filtered, dead=False))
+    if s.size_bytes is not None:  # what `aiq prune` would shrink
+        lines.append(f"store: {size_text(s.size_bytes)} on disk")
     lines.extend(batch_lines(s, time.time() if now is None else now))
     return lines
 
@@ -408,9 +418,31 @@ def _when(t: float | None, now: float) -> str:
     return f"{stamp}, {fmt_duration(max(0.0, now - t))} ago"
 
 
+def _set_change(r: Replayed, name: str) -> str:
+    n, value = r.changed.get(name, 0), r.sets[name]
+    to = "taken out" if value is None else f"set to {_json(value)}"
+    same = r.replayed - n
+    return f"{to} in {plural(n, 'body', 'bodies')}" + (
+        f" ({same:,} {'has' if same == 1 else 'have'} it already)" if same else ""
+    )
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
 def replay_lines(r: Replayed) -> list[str]:
     """What ``replay-dead`` did, and what to do next only when there is something to do."""
-    if r.replayed:
+    if r.dry_run:
+        lines = [f"would replay {plural(r.replayed, 'dead job')}; nothing was changed"]
+        lines += [f"  {name}: {_set_change(r, name)}" for name in r.sets]
+    elif r.replayed and r.sets:
+        lines = [
+            f"replayed {plural(r.replayed, 'dead job')} as {plural(r.new_requests, 'request')} "
+            f"with {', '.join(f'{k}={_json(v)}' for k, v in r.sets.items())}; run `aiq resume` "
+            "to send them"
+        ]
+    elif r.replayed:
         lines = [f"replayed {plural(r.replayed, 'dead job')}; run `aiq resume` to send them"]
     elif not r.dead_types:
         lines = ["nothing to replay: the store has no dead jobs"]
@@ -422,4 +454,31 @@ def replay_lines(r: Replayed) -> list[str]:
         shown = [f"{c} ({why})" for c, why in list(r.not_replayed.items())[:10]]
         more = len(r.not_replayed) - len(shown)
         lines.append("not replayed: " + ", ".join(shown) + (f" and {more:,} more" if more else ""))
+    return lines
+
+
+def prune_lines(p: Pruned) -> list[str]:
+    """What ``prune`` did: the jobs pruned, what it freed, the file's size, what it left."""
+    what = "forgot" if p.forgotten else "pruned"
+    jobs = [plural(n, f"{state} job") for n, state in ((p.done, "done"), (p.dead, "dead")) if n]
+    if jobs:
+        lines = [
+            f"{what} {' and '.join(jobs)}: {size_text(p.freed_bytes)} of requests, replies and "
+            "input lines (their lines stay in the results and dead-letter files)"
+        ]
+    else:
+        lines = ["nothing to prune: no exported job is that old"]
+    if jobs:
+        size = f"store {size_text(p.size_before)} -> {size_text(p.size_after)} on disk"
+        lines.append(size + (" (VACUUM)" if p.vacuumed else ""))
+    else:
+        lines.append(f"store {size_text(p.size_after)} on disk")
+    if p.vacuum_skipped:
+        lines.append(f"not shrunk: {p.vacuum_skipped}")
+    if p.not_exported:
+        lines.append(
+            f"left {plural(p.not_exported, 'job')} old enough but not in their output files "
+            "yet (or those files changed since aiq wrote them): run `aiq resume` to export "
+            "them, then prune again"
+        )
     return lines

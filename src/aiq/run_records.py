@@ -17,7 +17,28 @@ from .errors import FatalProviderError, Interrupted, LimitReached
 from .records import EnqueueCounts, Stats
 from .usage import TokenKinds
 
-__all__ = ["Export", "Progress", "RunSummary"]
+__all__ = ["AttemptEvent", "Export", "Progress", "RunSummary"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptEvent:
+    """What one attempt of a job came to (aiq.joblog), for a log: ``event`` is done, retry
+    (again in ``wait_s``), dead, or requeued (put back as the run stopped, attempts kept).
+    ``attempt`` counts this call as the job's next attempt; a call that costs none (a 429)
+    leaves the number for the next one too."""
+
+    at: float  # wall clock
+    event: str
+    custom_id: str | None  # the first input line naming the job, None: none does now
+    job_id: int
+    attempt: int
+    status: int | None = None  # the HTTP status, None: no reply (timeout, connection)
+    request_id: str | None = None  # the provider's, when its reply named one
+    error_type: str | None = None  # a failure's, or how a done reply stopped short
+    message: str | None = None  # the provider's message (the key cut out, as stored)
+    wait_s: float | None = None  # a retry's wait before it is due again
+    latency_s: float | None = None
+    model: str | None = None
 
 
 @dataclass(slots=True)
@@ -80,6 +101,9 @@ class Export:
     results: int
     dead: int
     written: bool = True  # False: the files were already what the store holds
+    # Lines a prune left to the old files that they did not hold (moved, cut, or a new input
+    # file asking for a request pruned from another's): in no file now.
+    pruned_lost: int = 0
 
 
 @dataclass(slots=True, kw_only=True)

@@ -17,20 +17,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import calibration, machine, routing
+from . import calibration, inspection, machine, routing
 from .config import Config
 from .contract import StopReason
 from .costs import CostMeter
 from .database import require_store
 from .errors import FatalProviderError, UsageError
 from .intake import enqueue_file, no_store_left_on_bad_input
+from .joblog import OnAttempt
 from .lock import StoreLock, run_state
 from .metrics import MetricsWriter
 from .outputs import export_all
+from .overrides import parse_sets
 from .pricing import price_for
 from .records import EnqueueCounts, Replayed, Stats
 from .replay import replay
 from .requestfile import read_requests
+from .retention import Pruned, prune, store_size, vacuum
 from .run_records import Export, Progress, RunSummary
 from .store import JobStore, open_store
 from .timeouts import Timeouts
@@ -76,13 +79,15 @@ async def run_batch(
     lock_wait_s: float = 0.0,
     detach: bool = False,
     on_note: Callable[[str], None] | None = None,
+    on_attempt: OnAttempt | None = None,
 ) -> RunSummary:
     """``aiq run FILE`` (with ``input_path``) or ``aiq resume`` (without).
 
     Holds the store's lock throughout, recovers jobs a dead run left ``running``, works until
     nothing is due, then exports every input file's results and dead letters. ``on_added``
-    hears what the file added (and its invalid lines) before anything is sent. With
-    ``config.via`` batch, the provider's batch engine sends them (aiq.batch_engine):
+    hears what the file added (and its invalid lines) before anything is sent; ``on_attempt``
+    what each attempt came to, named by custom_id and request id (aiq.joblog), for a log.
+    With ``config.via`` batch, the provider's batch engine sends them (aiq.batch_engine):
     ``on_note`` hears each batch's steps, and ``detach`` returns once they are submitted.
     """
     from .batch_run import check_via
@@ -114,7 +119,7 @@ async def run_batch(
                 if summary.fatal is not None:
                     raise FatalProviderError(str(summary.fatal), summary=summary)
                 return summary
-            worker, transport = await _worker(store, config)
+            worker, transport = await _worker(store, config, on_attempt)
             tick = _ticker(on_progress, metrics)
             try:
                 stopped = await _work(worker, config, tick, progress_interval_s, handle_signals)
@@ -178,10 +183,12 @@ async def _ready(
     return config, added
 
 
-async def _worker(store: JobStore, config: Config) -> tuple[Worker, httpx.AsyncBaseTransport]:
+async def _worker(
+    store: JobStore, config: Config, on_attempt: OnAttempt | None = None
+) -> tuple[Worker, httpx.AsyncBaseTransport]:
     """The run's Worker over ``store``, and the transport under its provider (to close)."""
     from .breaker import Breakers
-    from .limiter import Limiters
+    from .limiters import Limiters
     from .providers.factory import make_provider  # (it loads the HTTP clients)
     from .worker import RetryPolicy, Worker
 
@@ -208,6 +215,7 @@ async def _worker(store: JobStore, config: Config) -> tuple[Worker, httpx.AsyncB
         costs=await _cost_meter(store, config, stats),
         timeouts=Timeouts(ceiling_s=config.timeout_s),
         on_truncated=config.on_truncated,
+        on_attempt=on_attempt,
     )
     return worker, transport
 
@@ -377,15 +385,66 @@ async def store_status(config: Config) -> Stats:
     run = run_state(config.db)
     since = (run.sending_since or run.started_at) if run.active else None
     async with open_store(config.db, readonly=True) as store:
-        return dataclasses.replace(await store.stats(since=since), run=run)
+        stats = await store.stats(since=since)
+    return dataclasses.replace(stats, run=run, size_bytes=store_size(config.db))
+
+
+async def dead_errors(
+    config: Config, *, error_type: str | None = None, limit: int = 5
+) -> list[inspection.DeadType]:
+    """``aiq errors``: read-only, so it works while a run holds the store."""
+    require_store(config.db)
+    async with open_store(config.db, readonly=True) as store:
+        return await inspection.dead_errors(store, error_type=error_type, limit=limit)
+
+
+async def show_job(config: Config, custom_id: str) -> list[inspection.Shown]:
+    """``aiq show``: read-only, so it works while a run holds the store."""
+    require_store(config.db)
+    async with open_store(config.db, readonly=True) as store:
+        return await inspection.show(store, custom_id)
 
 
 async def replay_dead(
-    config: Config, *, error_type: str | None = None, custom_ids: tuple[str, ...] = ()
+    config: Config,
+    *,
+    error_type: str | None = None,
+    custom_ids: tuple[str, ...] = (),
+    sets: tuple[str, ...] = (),
+    dry_run: bool = False,
 ) -> Replayed:
     """``aiq replay-dead``: dead jobs (all, of one error type, of these custom_ids) back to
-    queued, attempts reset; UsageError, and nothing replayed, for a filter that names what
-    the store does not have (see replay.replay)."""
+    queued, attempts reset, with ``sets`` (``FIELD=VALUE``) as new requests with those body
+    fields changed; UsageError, and nothing replayed, for a filter that names what the store
+    does not have or a change that makes a body invalid (see replay.replay). ``dry_run``:
+    what it would do, the store unchanged."""
+    changes = parse_sets(sets)
     require_store(config.db)
-    async with open_store(config.db) as store:
-        return await replay(store, error_type=error_type, custom_ids=custom_ids)
+    async with open_store(config.db, readonly=dry_run) as store:
+        return await replay(
+            store, error_type=error_type, custom_ids=custom_ids, sets=changes, dry_run=dry_run
+        )
+
+
+async def prune_store(
+    config: Config,
+    *,
+    done_older_than_s: float,
+    dead_older_than_s: float | None = None,
+    keep_results: bool = False,
+    forget: bool = False,
+    lock_wait_s: float = 0.0,
+) -> Pruned:
+    """``aiq prune``: exported jobs' requests and replies out of the store, then a VACUUM
+    (aiq.retention). Holds the store's lock: a run must not finish or export jobs meanwhile."""
+    require_store(config.db)
+    async with StoreLock(config.db, wait_s=lock_wait_s), open_store(config.db) as store:
+        before = store_size(config.db)
+        pruned = await prune(
+            store, done_older_than_s=done_older_than_s, dead_older_than_s=dead_older_than_s,
+            keep_results=keep_results, forget=forget,
+        )  # fmt: skip
+        if pruned.done or pruned.dead:
+            await vacuum(store, pruned)
+    pruned.size_before, pruned.size_after = before, store_size(config.db)
+    return pruned

@@ -24,7 +24,8 @@ from .breaker import Breakers
 from .concurrency import AutoConcurrency
 from .costs import Charge, CostMeter
 from .dispatch import Dispatcher
-from .limiter import Limiters, RateLimiter, RequestTooLarge, Ticket
+from .limiter import RateLimiter, RequestTooLarge, Ticket
+from .limiters import Limiters
 from .outcomes import NO_REFUSALS, Health, Refusals, RetryPolicy
 from .providers.base import Provider, ProviderError, Reply
 from .records import QUEUED, Job, Outcome
@@ -237,7 +238,7 @@ class Sender:
             started=started,
             finished=finished,
             model=charge.model,
-            cost_usd=self.costs.settle(charge, reply.usage),
+            cost_usd=self.costs.settle(charge, reply.usage, reply.tier),
             dead_truncated=self._dead_truncated,
         )
 
@@ -263,7 +264,7 @@ class Sender:
             broken=breakers.broken(key),
         )
         refusals = NO_REFUSALS
-        if rate_limited and not err.fatal:  # a fatal one ends the run: no round of refusals
+        if outcomes.refused(err) and not err.fatal:  # a fatal one ends the run: no round
             refusals = Refusals(self._refusals.refused(), self._refusals.lasted_s())
         fate = outcomes.failed(
             job, err, policy=self._retry, health=health, started=started, now=now,
@@ -273,7 +274,7 @@ class Sender:
             self._progress.timeouts += 1
         if fate.pause_s is not None:
             limiter.pause(fate.pause_s)
-            if rate_limited:
+            if outcomes.refused(err):
                 self._refusals.pausing(fate.pause_s)
         if fate.give_up is not None:
             last = self._progress.last_error
@@ -285,7 +286,12 @@ class Sender:
     ) -> float | None:
         """Feed a failure to its limiter (and a 429 to auto's size); the delay to honour."""
         limiter = ticket.limiter
-        limiter.observe(err.limits, ticket, refused=rate_limited)
+        limiter.observe(err.limits, ticket, refused=outcomes.refused(err))
+        if err.error_type == "capacity":
+            # Out of capacity (a flex tier's): backed off, not paced to. The limiter learns
+            # nothing from it, and the provider counted nothing against the limits.
+            limiter.refund(ticket)
+            return err.retry_after_s
         if not rate_limited:
             limiter.answered(ticket, through=err.status_code is not None)
             if self._auto is not None and self._auto.refused(self._progress.in_flight):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .contract import ON_TRUNCATED, ORDERS, VIAS
+from .defaults import PRIORITY_MAX, PRIORITY_MIN, PRIORITY_RANGE
 from .pricing import Price, parse_prices
 from .registry import SPECS
 
@@ -36,12 +37,14 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
-def _whole(least: int) -> Check:
+def _whole(least: int, most: int | None = None) -> Check:
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{_shown(value)} is not a whole number")
         if value < least:
             raise ValueError(f"{value} is {'not positive' if least == 1 else f'below {least}'}")
+        if most is not None and value > most:
+            raise ValueError(f"{value} is above {most}")
         return value
 
     return check
@@ -159,6 +162,7 @@ SETTINGS: dict[str, tuple[Check, str]] = {
     "max_tokens": (_optional(_whole(1)), "a positive whole number of tokens"),
     "temperature": (_optional(_number(0, 2)), "a number from 0 to 2"),
     "system": (_optional(_text()), "the system prompt, as text"),
+    "priority": (_optional(_whole(PRIORITY_MIN, PRIORITY_MAX)), PRIORITY_RANGE),
     "concurrency": (_concurrency, "auto or a positive whole number of requests in flight"),
     "max_concurrency": (_optional(_whole(1)), "a positive whole number of requests in flight"),
     "rpm": (_optional(_whole(1)), "a positive whole number of requests per minute"),

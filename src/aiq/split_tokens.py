@@ -26,7 +26,8 @@ import math
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .budget import WINDOW_S, Budget, _Entry
+from .booking_log import Booking
+from .budget import WINDOW_S, Budget
 from .ratelimit_headers import RateLimitInfo, Window
 
 __all__ = [
@@ -168,7 +169,7 @@ class SplitTokens:
         self._output = _Mean(0.0, _OUTPUT_WEIGHT)  # output tokens a reply
         # Output booked and not settled yet, with what the provider holds for it beyond its
         # estimate (its max_tokens reserved on arrival, given back at the end).
-        self._held: dict[int, tuple[_Entry, float]] = {}
+        self._held: dict[int, tuple[Booking, float]] = {}
         # What the last request booked in each budget cost, and needed to fit on arrival.
         self._last: dict[int, tuple[float, float]] = {}
         self._stale_check_at = -math.inf  # (of a sample's, and of an estimate's)
@@ -215,9 +216,9 @@ class SplitTokens:
         """How far one booking of ``costs`` moves the slower budget's pace."""
         return max((b.pace_s(c) for _, b, c, _ in self._each(costs)), default=0.0)
 
-    def book(self, at: float, costs: SplitCost) -> tuple[_Entry | None, _Entry | None]:
+    def book(self, at: float, costs: SplitCost) -> tuple[Booking | None, Booking | None]:
         """Book ``costs`` at ``at`` (from :meth:`ready_at`); the (input, output) entries."""
-        entries: dict[str, _Entry] = {}
+        entries: dict[str, Booking] = {}
         for kind, budget, cost, fit in self._each(costs):
             entries[kind] = budget.book(at, cost)
             self._spaced[kind] = at + budget.pace_s(cost)
@@ -238,7 +239,7 @@ class SplitTokens:
         for ramp in self._ramps.values():
             ramp.taken_back(now)
 
-    def forget(self, entries: tuple[_Entry | None, _Entry | None]) -> None:
+    def forget(self, entries: tuple[Booking | None, Booking | None]) -> None:
         for budget, entry in zip((self.input, self.output), entries, strict=True):
             if budget is not None and entry is not None:
                 budget.forget(entry)
@@ -247,7 +248,7 @@ class SplitTokens:
 
     def settle(
         self,
-        entries: tuple[_Entry | None, _Entry | None],
+        entries: tuple[Booking | None, Booking | None],
         prompt_estimate: int,
         *,
         counted_in: int | None,
@@ -274,7 +275,7 @@ class SplitTokens:
                 self.output.settle(entry_out, output_tokens)
         return self._overestimated(now)
 
-    def _ramp_settle(self, kind: str, budget: Budget, entry: _Entry, cost: float) -> None:
+    def _ramp_settle(self, kind: str, budget: Budget, entry: Booking, cost: float) -> None:
         if (ramp := self._ramps.get(kind)) is not None:
             ramp.settle(entry.at, cost - entry.cost, budget.per_minute * self._headroom / WINDOW_S)
 
@@ -297,7 +298,7 @@ class SplitTokens:
         self,
         now: float,
         info: RateLimitInfo,
-        entries: tuple[_Entry | None, _Entry | None],
+        entries: tuple[Booking | None, Booking | None],
         *,
         minute_left_s: float,
     ) -> bool:
@@ -341,7 +342,7 @@ class SplitTokens:
             return False
         return first > now + budget.pace_s(cost) + _STALE_BY_S
 
-    def _given_back(self, now: float, window: Window, answered: _Entry | None) -> Window:
+    def _given_back(self, now: float, window: Window, answered: Booking | None) -> Window:
         """The output ``window`` as it will be once the requests in flight give back the
         ``max_tokens`` the provider holds for them beyond their estimate: a sample taken while
         they run would otherwise hold back the pace for a minute's refill of tokens that are

@@ -23,7 +23,7 @@ import orjson
 from . import tallies
 from .batchqueue import BatchQueue
 from .inputs import custom_id_hash
-from .records import DEAD, DONE, QUEUED, RUNNING, Source, Stats, Target
+from .records import DEAD, DONE, QUEUED, RUNNING, Carried, Source, Stats, Target
 
 # What result_rows can select: a column of the item (its input line) or of its job.
 _RESULT_SQL = {
@@ -39,6 +39,15 @@ _RESULT_SQL = {
 }  # fmt: skip
 RESULT_COLUMNS = tuple(_RESULT_SQL)
 _BATCHES_SHOWN = 10  # status lists the last few batches, and every open one
+PRUNED_META = "pruned"  # set by the first prune (aiq.retention): exports carry lines over
+# What `aiq show` reads of a job.
+_JOB_COLUMNS = (
+    "id", "state", "attempts", "priority", "endpoint", "body", "response", "status_code",
+    "request_id", "error_type", "error_message", "created_at", "first_attempt_at",
+    "finished_at", "next_at", "latency_s", "tokens_in", "tokens_out", "cost_usd", "model",
+    "timeouts",
+)  # fmt: skip
+_JOB_SELECT = ", ".join(f"j.{c}" for c in _JOB_COLUMNS)
 
 
 class JobStore(BatchQueue):
@@ -88,6 +97,7 @@ class JobStore(BatchQueue):
         rows = await self._db.execute_fetchall(
             "SELECT model, endpoint, body, tokens_in, finished_at FROM jobs WHERE id IN ("
             "SELECT id FROM jobs WHERE state = ? AND tokens_in > 0 AND finished_at > ? "
+            "AND length(body) > 0 "  # not a pruned one's: its request is gone
             "ORDER BY finished_at DESC LIMIT ?)",
             (DONE, since, limit),
         )
@@ -204,6 +214,143 @@ class JobStore(BatchQueue):
                     if wanted.get(custom_id_hash(custom_id)) == custom_id:
                         found.setdefault(custom_id, []).append((job_id, state, error_type))
         return found
+
+    async def unfinished_custom_ids(self) -> dict[int, str]:
+        """The custom_id of every queued or running job (the first line naming it), by job
+        id: one pass over the items, each finding its job by key (CROSS JOIN keeps that
+        order: driven from the jobs, each would scan the items, which have no index by job).
+        For a run's log (aiq.joblog) only: a dict of every unfinished job."""
+        ids: dict[int, str] = {}
+        async with self._db.execute(
+            "SELECT j.id, i.custom_id FROM items i CROSS JOIN jobs j ON j.k64 = i.job_k64 "
+            "WHERE j.state IN (?, ?)",
+            (QUEUED, RUNNING),
+        ) as cur:
+            cur.arraysize = 1000
+            while rows := await cur.fetchmany():
+                for job_id, custom_id in rows:
+                    ids.setdefault(job_id, custom_id)
+        return ids
+
+    async def carried_ids(self, source: Source) -> Carried | None:
+        """``source``'s lines that only its output files hold since a prune: of a pruned job
+        (a done one without its reply, a dead one without its input line) or a forgotten
+        one (no job). None if nothing was ever pruned: the usual export reads no more."""
+        if await self.meta(PRUNED_META) is None:
+            return None
+        carried = Carried()
+        kinds = {0: carried.forgotten, DONE: carried.done, DEAD: carried.dead}
+        rows = await self._db.execute_fetchall(
+            f"SELECT i.ck, CASE WHEN j.id IS NULL THEN 0 ELSE j.state END "
+            "FROM items i LEFT JOIN jobs j ON j.k64 = i.job_k64 WHERE i.source_id = ? AND ("
+            f"j.id IS NULL OR (j.state = {DONE} AND length(j.body) = 0 AND j.response IS NULL) "
+            f"OR (j.state = {DEAD} AND length(i.line) = 0))",
+            (source.id,),
+        )
+        for ck, kind in rows:
+            kinds[kind].add(ck)
+        return carried
+
+    async def dead_by_type(
+        self, *, error_type: str | None = None
+    ) -> list[tuple[str, int, str | None, float | None]]:
+        """Dead jobs by their last error's type (``?``: none), most first: (type, jobs, the
+        most recent one's message, when it died). Through the index's dead range."""
+        where, params = "state = ?", list[object]([DEAD])
+        if error_type is not None:
+            where += " AND coalesce(error_type, '?') = ?"
+            params.append(error_type)
+        rows = await self._db.execute_fetchall(
+            # A bare column beside max(): SQLite takes it from the row holding the max.
+            "SELECT coalesce(error_type, '?'), count(*), error_message, max(finished_at) "
+            f"FROM jobs WHERE {where} GROUP BY 1 ORDER BY 2 DESC, 1",
+            params,
+        )
+        return [(t, n, m, at) for t, n, m, at in rows]
+
+    async def dead_custom_ids(self, *, error_type: str | None = None) -> list[tuple[str, str]]:
+        """(error type, custom_id) of every item whose job is dead, the latest to die first."""
+        where, params = "", list[object]([DEAD, DEAD])
+        if error_type is not None:
+            where = " AND coalesce(j.error_type, '?') = ?"
+            params.append(error_type)
+        # Items have no index on their job (it would slow `add` by a third): one pass over
+        # them, each checked against the few dead jobs' keys, then their jobs looked up.
+        rows = await self._db.execute_fetchall(
+            "SELECT coalesce(j.error_type, '?'), i.custom_id FROM items i CROSS JOIN jobs j "
+            "ON j.k64 = i.job_k64 WHERE i.job_k64 IN (SELECT k64 FROM jobs WHERE state = ?) "
+            f"AND j.state = ?{where} ORDER BY j.finished_at DESC, i.id",
+            params,
+        )
+        return [(t, c) for t, c in rows]
+
+    async def dead_jobs(
+        self, *, error_type: str | None = None, job_ids: Sequence[int] | None = None
+    ) -> list[tuple[int, int, int, str, bytes]]:
+        """Dead jobs (all, of one last error type, among ``job_ids``) as (id, k64, priority,
+        endpoint, body), in id order; not a pruned one (aiq.retention: its request is gone)."""
+        where, params = "state = ? AND length(body) > 0", list[object]([DEAD])
+        if error_type is not None:
+            where += " AND coalesce(error_type, '?') = ?"
+            params.append(error_type)
+        found = []
+        ids = sorted(set(job_ids)) if job_ids is not None else [None]
+        for i in range(0, len(ids), 900):
+            chunk = ids[i : i + 900]
+            only = "" if job_ids is None else f" AND id IN ({', '.join('?' * len(chunk))})"
+            rows = await self._db.execute_fetchall(
+                f"SELECT id, k64, priority, endpoint, body FROM jobs WHERE {where}{only} "
+                "ORDER BY id",
+                [*params, *([] if job_ids is None else chunk)],
+            )
+            found += [(i_, k, p, e, bytes(b)) for i_, k, p, e, b in rows]
+        return found
+
+    async def custom_id_of(self, job_id: int) -> str | None:
+        """A custom_id whose line asks for this job, if any (a pass over the items)."""
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT custom_id FROM items WHERE job_k64 = (SELECT k64 FROM jobs WHERE id = ?) "
+                "LIMIT 1",
+                (job_id,),
+            )
+        )
+        return rows[0][0] if rows else None
+
+    async def items_named(self, custom_id: str) -> list[dict[str, Any]]:
+        """Every input line named ``custom_id`` (one a file) with its job's row, in the order
+        the files were added: the request as sent, the reply as stored, the job's record."""
+        found = []
+        for source in await self.sources():  # through the (source_id, ck) index
+            rows = await self._db.execute_fetchall(
+                f"SELECT i.custom_id, i.line_no, i.line, {_JOB_SELECT} FROM items i "
+                "JOIN jobs j ON j.k64 = i.job_k64 WHERE i.source_id = ? AND i.ck = ?",
+                (source.id, custom_id_hash(custom_id)),
+            )
+            for row in rows:
+                if row[0] == custom_id:
+                    names = ("custom_id", "line_no", "line", *_JOB_COLUMNS)
+                    found.append({"source": source, **dict(zip(names, row, strict=True))})
+        return found
+
+    async def errors_kept_since(self) -> float | None:
+        """Since when every failure is kept (``errors``): when this store took 0009."""
+        rows = list(
+            await self._db.execute_fetchall(
+                "SELECT applied_at FROM migrations WHERE name = '0009_priority'"
+            )
+        )
+        return rows[0][0] if rows else None
+
+    async def errors_of(self, job_id: int) -> list[tuple[Any, ...]]:
+        """A job's recorded failures, oldest first: (attempts, at, error_type, status_code,
+        message, request_id, state)."""
+        rows = await self._db.execute_fetchall(
+            "SELECT attempts, at, error_type, status_code, message, request_id, state "
+            "FROM errors WHERE job_id = ? ORDER BY at, rowid",
+            (job_id,),
+        )
+        return [tuple(r) for r in rows]
 
     async def result_rows(
         self,

@@ -8,7 +8,7 @@ Durations are in :mod:`aiq.durations`.
 
 from __future__ import annotations
 
-__all__ = ["plural", "quoted", "usd"]
+__all__ = ["plural", "quoted", "size_text", "usd"]
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:
@@ -35,3 +35,15 @@ def quoted(message: str, limit: int = 300) -> str:
         return "no error recorded"
     message = message.rstrip(". ")  # it goes inside a sentence
     return message if len(message) <= limit else message[: limit - 1] + "…"
+
+
+def size_text(n_bytes: int) -> str:
+    """``512 B``, ``12.3 KB``, ``4.5 MB``, ``1.2 GB`` (powers of 1,000, as disks are sold)."""
+    if n_bytes < 1000:
+        return f"{n_bytes} B"
+    size = n_bytes / 1000
+    for unit in ("KB", "MB"):
+        if size < 999.95:
+            return f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"

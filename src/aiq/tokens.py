@@ -30,6 +30,22 @@ PER_REQUEST = 3
 _TEMPLATED = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
 
 
+@dataclass(slots=True)
+class LearnedRatio:
+    """The ratio of real tokens to estimated ones, averaged over recent replies (the
+    limiter's correction of :func:`estimate`'s prompt figure, and its tokens per request)."""
+
+    ratio: float = 1.0
+    samples: int = 0
+
+    def update(self, estimated: int, actual: int) -> None:
+        if estimated <= 0 or actual <= 0:
+            return
+        self.samples += 1
+        weight = max(0.05, 1.0 / self.samples)  # a plain mean first, then a moving average
+        self.ratio += weight * (actual / estimated - self.ratio)
+
+
 @dataclass(frozen=True, slots=True)
 class TokenCost:
     """A request's estimated prompt tokens, and the completion tokens it reserves."""

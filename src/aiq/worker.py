@@ -20,7 +20,9 @@ from .breaker import Breakers
 from .concurrency import AutoConcurrency
 from .costs import CostMeter
 from .dispatch import Dispatcher
-from .limiter import Limiters, RateLimiter
+from .joblog import OnAttempt
+from .limiter import RateLimiter
+from .limiters import Limiters
 from .outcomes import RetryPolicy
 from .providers.base import Provider, ProviderError
 from .run_records import Progress
@@ -43,6 +45,7 @@ class Worker:
     that bound, for ``Progress.held_by`` (default: "max_concurrency N"). Time comes from
     ``clock`` (monotonic), ``wall`` (the store's timestamps) and ``sleep``, for every part
     the worker makes (the limiters and breakers it is given keep their own).
+    ``on_attempt`` hears what each attempt came to (aiq.joblog), for a log; None costs nothing.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class Worker:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_attempt: OnAttempt | None = None,
     ) -> None:
         self._limiters = _limiters(limiter, clock=clock, wall=wall, sleep=sleep)
         self._auto: AutoConcurrency | None = None
@@ -79,7 +83,7 @@ class Worker:
         self.progress.held_by = self._auto.held_by if self._auto is not None else None
         self._dispatch = Dispatcher(
             store, self.progress, concurrency=concurrency, breakers=self._breakers,
-            clock=clock, wall=wall, sleep=sleep,
+            clock=clock, wall=wall, sleep=sleep, on_attempt=on_attempt,
         )  # fmt: skip
         self._sender = Sender(
             self._dispatch, provider, progress=self.progress, limiters=self._limiters,

@@ -147,6 +147,14 @@ def _response_id(prefix: str, prompt: str) -> str:
     return prefix + hashlib.sha256(prompt.encode()).hexdigest()[:24]
 
 
+def served_tier(body: dict) -> str:
+    """The tier a reply says served it: the one asked for (flex, priority), else ``default``
+    (OpenAI's API reference: the reply's ``service_tier`` is the processing type used,
+    which need not be the one in the request; ``auto`` resolves to ``default`` here)."""
+    asked = body.get("service_tier")
+    return asked if asked in ("flex", "priority") else "default"
+
+
 def chat_reply(body: dict, prompt: str) -> dict:
     """A ChatCompletion answering ``prompt``."""
     text = reply_text(prompt)
@@ -164,6 +172,7 @@ def chat_reply(body: dict, prompt: str) -> dict:
             }
         ],
         "usage": _usage(_all_text("/chat/completions", body), text),
+        "service_tier": served_tier(body),
         "system_fingerprint": "fp_fake",
     }
 
@@ -218,6 +227,7 @@ def responses_reply(body: dict, prompt: str) -> dict:
             }
         ],
         "parallel_tool_calls": True,
+        "service_tier": served_tier(body),
         "tool_choice": "auto",
         "tools": [],
         "usage": {

@@ -26,6 +26,7 @@ from .options import (
     DryRunOpt,
     JsonOpt,
     LogFileOpt,
+    LogFormatOpt,
     MaxCostOpt,
     MaxOutageOpt,
     MaxRuntimeOpt,
@@ -34,6 +35,7 @@ from .options import (
     OnTruncatedOpt,
     OrderOpt,
     OutOpt,
+    PriorityOpt,
     ProviderOpt,
     QuietOpt,
     RerouteOpt,
@@ -68,12 +70,13 @@ def add(
     out: OutOpt = None,
     dead: DeadOpt = None,
     strict: StrictOpt = False,
+    priority: PriorityOpt = None,
     traceback: TracebackOpt = False,
 ) -> None:
     """Enqueue a file without running it: prints new / known / changed / invalid."""
 
     def body() -> None:
-        cfg = load_config(db, config, model=model, strict=strict or None)
+        cfg = load_config(db, config, model=model, strict=strict or None, priority=priority)
         new = not cfg.db.exists()
         from .. import runner
 
@@ -84,6 +87,12 @@ def add(
         raise typer.Exit(counts.exit_code)  # 6: lines were skipped, 7: the file was empty
 
     guard(traceback, body)
+
+
+def _log_format(value: str) -> str:
+    if value not in ("text", "json"):
+        raise UsageError(f"--log-format {value!r}: give text or json")
+    return value
 
 
 def _check_wait(wait: float) -> None:
@@ -111,6 +120,7 @@ def _run(
                 lock_wait_s=wait,
                 detach=detach,
                 on_note=display.note,
+                on_attempt=display.on_attempt,
             )
         )
         display.summary(summary)
@@ -119,6 +129,7 @@ def _run(
 
         if isinstance(exc.summary, RunSummary):
             display.summary(exc.summary)
+        display.error(str(exc), exc.exit_code)
         raise
     finally:
         display.close()
@@ -145,6 +156,7 @@ def run(
     max_outage: MaxOutageOpt = None,
     metrics_file: MetricsOpt = None,
     log_file: LogFileOpt = None,
+    log_format: LogFormatOpt = "text",
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
@@ -154,6 +166,7 @@ def run(
     reroute: RerouteOpt = False,
     via: ViaOpt = None,
     detach: DetachOpt = False,
+    priority: PriorityOpt = None,
     traceback: TracebackOpt = False,
 ) -> None:
     """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
@@ -167,10 +180,11 @@ def run(
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
             max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
             via=via,
+            priority=priority,
         )  # fmt: skip
         if dry_run:
             _dry_run(file, cfg, as_json)
-        display = Display(quiet, as_json, log_file)
+        display = Display(quiet, as_json, log_file, _log_format(log_format))
         if not (quiet or cfg.db.exists()):
             display.new_store = cfg.db
         _run(file, cfg, out, dead, display, wait, detach)
@@ -212,6 +226,7 @@ def resume(
     max_outage: MaxOutageOpt = None,
     metrics_file: MetricsOpt = None,
     log_file: LogFileOpt = None,
+    log_format: LogFormatOpt = "text",
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,
     wait: WaitOpt = 0.0,
@@ -233,6 +248,7 @@ def resume(
             max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
             via=via,
         )  # fmt: skip
-        _run(None, cfg, out, dead, Display(quiet, as_json, log_file), wait, detach)
+        display = Display(quiet, as_json, log_file, _log_format(log_format))
+        _run(None, cfg, out, dead, display, wait, detach)
 
     guard(traceback, body)

@@ -33,6 +33,13 @@ BaseUrlOpt = Annotated[
     ),
 ]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model for lines naming none.")]
+PriorityOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--priority",
+        help="Priority of the file's lines that name none (default 0); higher is sent first.",
+    ),
+]
 ConcurrencyOpt = Annotated[
     str | None,
     typer.Option(
@@ -76,6 +83,14 @@ MetricsOpt = Annotated[
 ]
 LogFileOpt = Annotated[
     Path | None, typer.Option("--log-file", help="Append timestamped progress and summary here.")
+]
+LogFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        help="text | json: JSON lines, one an attempt, to --log-file or stderr (default: text).",
+        show_default=False,
+    ),
 ]
 DryRunOpt = Annotated[
     bool,

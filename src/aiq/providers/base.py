@@ -77,6 +77,9 @@ class Reply:
     # The prompt tokens the provider's input-token limit counts, when not all of them
     # (Anthropic's ITPM leaves out cache reads); None: tokens_in.
     limited_in: int | None = None
+    # The service tier the reply says served it (OpenAI's ``service_tier``: ``default``,
+    # ``flex``, ``priority``), which is what it is billed at; None: not said.
+    tier: str | None = None
 
     @classmethod
     def of(

@@ -52,6 +52,11 @@ SPEND_LIMIT_CODES = frozenset(
         "enforced_spend_limit_reached",
     }
 )
+# A provider out of capacity for a tier, not the client over its limit: OpenAI's flex tier
+# answers "429 Resource Unavailable" and does not bill it (its flex-processing guide; the code
+# is unverified, one client matches ``resource_unavailable``), Groq's flex tier 498
+# ``capacity_exceeded`` (its errors page). Backed off, never paced to (PROVIDERS.md).
+CAPACITY_CODES = frozenset({"resource_unavailable", "capacity_exceeded"})
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
 # A key shorter than this is not looked for in what aiq writes. Real keys are long (OpenAI's
 # are 50+ characters, Anthropic's 100+); short ones are the dummies local servers are given
@@ -75,6 +80,7 @@ class ProviderError(Exception):
         retry_after_upper: bool = False,
         limits: RateLimitInfo | None = None,
         unreachable: bool = False,
+        request_id: str | None = None,
     ) -> None:
         super().__init__(message)
         self.error_type = error_type
@@ -89,6 +95,9 @@ class ProviderError(Exception):
         self.limits = limits
         # The request never reached a server: refused, unknown host, connect timeout.
         self.unreachable = unreachable
+        # The provider's id of the failed call, when its reply named one: for its support,
+        # and to follow the job through its retries (the log, the dead letter).
+        self.request_id = request_id
 
 
 def error_from(
@@ -98,12 +107,13 @@ def error_from(
     key_env: str,
     secret: str | None,
     code_keys: tuple[str, ...] = ("code", "type"),
+    request_id_header: str = "x-request-id",
 ) -> ProviderError:
     """The classified ProviderError of a non-200 reply: the provider's message (``secret``
     cut out of it) and code, the class from the one table, a hint for fatal ones, its
     Retry-After and rate-limit headers."""
     message, code = error_message(resp, content, code_keys=code_keys, secret=secret)
-    codes = error_codes(content) if resp.status_code == 429 else frozenset()
+    codes = error_codes(content) if resp.status_code in (429, 498) else frozenset()
     error_type, retryable, fatal = classify_status(resp.status_code, message, code, codes=codes)
     if fatal:
         message = f"{message} ({fatal_hint(error_type, key_env)})"
@@ -116,6 +126,7 @@ def error_from(
         retry_after_s=retry_after_s(resp.headers, message),
         retry_after_upper=retry_after_upper(resp.headers),
         limits=read_rate_limits(resp.headers),
+        request_id=resp.headers.get(request_id_header),
     )
 
 
@@ -208,6 +219,9 @@ def classify_status(
         return "invalid_request", False, False
     if status == 429 and "request too large" in lowered:  # bigger than the whole limit: never fits
         return "invalid_request", False, False
+    capacity = codes & CAPACITY_CODES or code in CAPACITY_CODES
+    if status == 498 or (status == 429 and (capacity or "resource unavailable" in lowered)):
+        return "capacity", True, False
     if status in _BY_STATUS:
         return _BY_STATUS[status]
     if 500 <= status < 600:

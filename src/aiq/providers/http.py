@@ -88,4 +88,5 @@ class HttpProvider:
             key_env=self._key_env,
             secret=self._secret,
             code_keys=self._spec.code_keys,
+            request_id_header=self._spec.request_id_header.decode("latin-1"),
         )

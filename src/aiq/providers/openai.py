@@ -82,4 +82,7 @@ class OpenAIProvider(HttpProvider):
             )
         usage = openai_usage(data.get("usage"))
         stop = openai_stop(endpoint, data)
-        return Reply.of(content, request_id or data.get("id"), usage, limits, stop)
+        reply = Reply.of(content, request_id or data.get("id"), usage, limits, stop)
+        if isinstance(tier := data.get("service_tier"), str):
+            reply.tier = tier
+        return reply

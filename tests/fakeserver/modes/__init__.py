@@ -36,7 +36,7 @@ from .providers import (
     OpenAIBucket,
     PerSecond,
 )
-from .situations import Headerless, OtherClient, SpendLimit
+from .situations import FlexCapacity, Headerless, OtherClient, SpendLimit
 
 __all__ = [
     "MODES",
@@ -46,6 +46,7 @@ __all__ = [
     "Bucket",
     "CalendarWindow",
     "Cost",
+    "FlexCapacity",
     "GroqDaily",
     "Headerless",
     "LiteLLMRouter",

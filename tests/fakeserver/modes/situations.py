@@ -1,5 +1,6 @@
 """The modes that are a situation rather than one provider: a server with no rate-limit headers,
-another client on the same key, a hard spend limit. Each docstring names its source."""
+another client on the same key, a hard spend limit, a flex tier out of capacity. Each docstring
+names its source."""
 
 from __future__ import annotations
 
@@ -95,6 +96,48 @@ class OtherClient(Mode):
 
     def headers(self, now: float) -> dict[str, str]:
         self._catch_up(now)
+        return self.inner.headers(now)
+
+
+class FlexCapacity(Mode):
+    """OpenAI's flex tier with no room for a while: once ``after`` requests got through, every
+    request arriving in the next ``busy_s`` seconds is answered ``429 Resource Unavailable``,
+    unbilled and with no ``retry-after``; otherwise ``inner`` counts and reports as it would
+    have (the refusals never reach it: a request the tier had no room for is not counted).
+
+    Source: OpenAI's flex-processing guide ("Resource unavailable errors": "Flex processing
+    may sometimes lack sufficient resources to handle your requests, resulting in a 429
+    Resource Unavailable error code. You will not be charged when this occurs"; it advises
+    exponential backoff). The body's ``code`` is *unverified* (PROVIDERS.md: one client
+    matches ``resource_unavailable``); the message is the guide's words.
+    """
+
+    def __init__(self, inner: Mode, *, busy_s: float, after: int = 0) -> None:
+        self.inner, self.slots = inner, inner.slots
+        self.after, self.busy_s = after, busy_s
+        self.busy_at: float | None = None  # when the tier filled
+        self.admitted = self.refused = 0
+
+    def admit(self, now: float, cost: Cost) -> Refused | None:
+        if self.busy_at is None and self.admitted >= self.after:
+            self.busy_at = now
+        if self.busy_at is not None and now < self.busy_at + self.busy_s:
+            self.refused += 1
+            error = {
+                "message": "Resource Unavailable",
+                "type": "resource_unavailable",
+                "param": None,
+                "code": "resource_unavailable",
+            }
+            return Refused({"error": error}, {})
+        refused = self.inner.admit(now, cost)
+        self.admitted += refused is None
+        return refused
+
+    def settle(self, now: float, usage: dict[str, Any], cost: Cost | None = None) -> None:
+        self.inner.settle(now, usage, cost)
+
+    def headers(self, now: float) -> dict[str, str]:
         return self.inner.headers(now)
 
 
