@@ -805,3 +805,16 @@ def test_every_short_window_is_used_whole_by_many_senders_at_once() -> None:
     asyncio.run(go())
     windows = Counter(math.floor((t - 1002.0) / 10) for t in sent)
     assert [windows[k] for k in (0, 1, 2)] == [200, 200, 200], windows
+
+
+def test_a_routers_60_s_upper_bound_is_cut_to_its_minutes_turn_under_headers_too() -> None:
+    # LiteLLM's router shows its calendar minute's count (remaining, no reset) and still
+    # answers a 429 with llm_provider-retry-after: 60. Waiting the 60 s, a run whose minute
+    # turned 20 s later lost 40 s (bench/limit_modes c-litellm: 70 s where 32 s was least).
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: 40.0)  # 20 s to the turn
+    lim.observe(unlimited_info(requests=Window(600, 0, None)))
+    assert lim.limits.rpm == 600  # the headers show the window
+    wait_s = lim.rate_limited(60.0, upper_bound=True)
+    assert wait_s is not None and wait_s == pytest.approx(20.5)  # the turn, 0.5 s late
+    assert lim.rate_limited(7.0, upper_bound=False) == 7.0  # an exact hint is kept

@@ -262,7 +262,9 @@ def test_429s_now_and_then_teach_no_limit() -> None:
 
 def test_five_429s_in_a_row_after_the_last_success_sent_teach_one() -> None:
     """The same server at a limit: every request sent after the 150th is refused, though
-    answers to earlier ones still come back between the refusals."""
+    answers to earlier ones still come back between the refusals. The row shows the limit
+    once it has stood as long as a reply takes (0.16 s here: a request sent after its first
+    would have got through by then), so at the next request after that."""
     clock = FakeClock(1000.0)
     lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: 30.0)
     tickets = []
@@ -282,4 +284,7 @@ def test_five_429s_in_a_row_after_the_last_success_sent_teach_one() -> None:
         else:
             lim.refund(answered)
             lim.rate_limited(None, ticket=answered)
+    assert lim.limits.rpm is None  # (too soon to tell a limit from a few at random)
+    clock.now += 0.16
+    lim.ticket_now()
     assert lim.limits.rpm == 150

@@ -153,6 +153,8 @@ class RateLimiter:
         now = self._clock()
         if self._first_at is None:
             self._first_at = now
+        if self._refusal.pending is not None:
+            self._confirm(now)
         if self._unpaced() and self._paused_until <= now:
             return Ticket(0, 0, self, sent_at=now)
         return None
@@ -166,6 +168,8 @@ class RateLimiter:
         now = self._clock()
         if self._first_at is None:
             self._first_at = now
+        if self._refusal.pending is not None:
+            self._confirm(now)
         if self._unpaced() and self._paused_until <= now:
             ticket.sent_at = now
             return ticket  # nothing to pace (yet): the common case without limits
@@ -178,6 +182,8 @@ class RateLimiter:
                 continue
             if at > now:
                 await self._slots.wait(at - now, generation)
+            if self._refusal.pending is not None:  # (a pause's end: the row has stood)
+                self._confirm(self._clock())
             if self._paused_until <= at and self._slots.generation == generation:
                 ticket.sent_at = at
                 return ticket
@@ -185,6 +191,11 @@ class RateLimiter:
             # learned: give the slot back and book again, so the pause is kept and its end is
             # paced too, or the slot is paced to the new limit.
             self.refund(ticket)
+
+    def _confirm(self, now: float) -> None:
+        """A row of 429s put off may show a limit by now (:meth:`RefusalLimit.confirm`)."""
+        if now >= self._paused_until and self._refusal.confirm(now):
+            self._slots.wake_all()
 
     def _unpaced(self) -> bool:
         return (
@@ -423,9 +434,12 @@ class RateLimiter:
         now = self._clock()
         for budget in self._budgets():
             budget.stop_bursting(now)
-        if self._headers_rule():
-            return retry_after_s
         minute_s = WINDOW_S - self._wall() % WINDOW_S + CALENDAR_MARGIN_S
+        if self._headers_rule():
+            if upper_bound and retry_after_s is not None:
+                # (LiteLLM's router shows its minute's count in headers too, and asks 60 s.)
+                return min(retry_after_s, minute_s)
+            return retry_after_s
         exact = retry_after_s is not None and not upper_bound
         ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
         refusal = self._refusal

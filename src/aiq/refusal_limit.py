@@ -28,6 +28,7 @@ from .booking_log import Booking
 from .budget import Budget
 
 SPAN_S = 60.0  # servers that report nothing still count per minute (LiteLLM's rpm)
+_LATENCIES = 32  # successes whose latencies say how long a row of 429s must stand
 # Senders held while a probe is out look again this often (its answer wakes them sooner).
 PROBE_WAIT_S = 5.0
 # Paced (no fixed windows), the pace is raised by a fifth after this long with no 429 while
@@ -67,6 +68,12 @@ class RefusalLimit:
         self._raised_at = -math.inf  # paced: the last 429 or raise
         self._in_a_row = 0  # 429s since a request sent after the first of them got through
         self._row_from = -math.inf  # when the first of them was sent
+        # The latest successes' latencies: a row of 429s shows a limit only once it has stood
+        # that long, time enough for a request sent after its first to have got through.
+        self._latencies: deque[float] = deque(maxlen=_LATENCIES)
+        # A row of 429s long enough that has not stood that long yet: (when its last 429
+        # came, the window end it named, exact).
+        self.pending: tuple[float, float, bool] | None = None
 
     @property
     def per_minute(self) -> float | None:
@@ -93,7 +100,8 @@ class RefusalLimit:
         One sent in the window the limit was learned from was still in flight at its 429,
         so the window allows it too."""
         if sent_at >= self._row_from:
-            self._in_a_row = 0
+            self._in_a_row, self.pending = 0, None
+        self._latencies.append(now - sent_at)
         through = self._through
         through.append(sent_at)
         while through[0] < now - 2 * SPAN_S:  # (answers come back nearly in send order)
@@ -138,6 +146,11 @@ class RefusalLimit:
         told = met is not None
         if self.limit is None and not met and (told or self._in_a_row < IN_A_ROW):
             return  # not yet a limit's, or not the configured one's window
+        if self.limit is None and not met and now - self._row_from < self._slowest_s():
+            # A 429 comes back sooner than a reply: those sent after the first may yet get
+            # through (a busy server's few at random, with hundreds in flight).
+            self.pending = (now, window_end, exact)
+            return
         if self.paced is not None:
             self._lower(now)
         elif not self._confirmed and now >= self._probe_at:
@@ -148,6 +161,19 @@ class RefusalLimit:
             self._refused_after_turn(now)
         else:
             self._learn(now, window_end, exact=exact)
+
+    def confirm(self, now: float) -> bool:
+        """A row of 429s put off (:attr:`pending`) that has stood a latency with none of the
+        requests sent after its first getting through is a limit: learned as its last 429
+        would have taught it, from the window that 429 named. True if it was."""
+        if self.pending is None or now - self._row_from < self._slowest_s():
+            return False
+        (at, window_end, exact), self.pending = self.pending, None
+        self._learn(at, window_end, exact=exact)
+        return self.limit is not None
+
+    def _slowest_s(self) -> float:
+        return max(self._latencies, default=0.0)
 
     def _probe_refused(self, now: float, window_end: float) -> None:
         """The probe refused: the next twice as long after, or at the guessed turn, or past
