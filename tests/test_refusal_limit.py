@@ -152,7 +152,7 @@ def test_after_one_429_every_calendar_minute_is_used_whole_and_none_refuses(
     assert all(counts[k] == limit for k in range(first + 1, last)), counts
     for k in range(first + 1, last + 1):
         start = phase + k * 60
-        assert min(t for t in sent if t >= start) - start <= 1.0
+        assert min(t for t in sent if t >= start) - start <= 1.0 + 1e-6  # (float steps)
 
 
 @pytest.mark.slow

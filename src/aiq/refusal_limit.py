@@ -68,6 +68,7 @@ class RefusalLimit:
         self._raised_at = -math.inf  # paced: the last 429 or raise
         self._in_a_row = 0  # 429s since a request sent after the first of them got through
         self._row_from = -math.inf  # when the first of them was sent
+        self._latest_through = -math.inf  # the send time of the latest sent that got through
         # The latest successes' latencies: a row of 429s shows a limit only once it has stood
         # that long, time enough for a request sent after its first to have got through.
         self._latencies: deque[float] = deque(maxlen=_LATENCIES)
@@ -101,6 +102,7 @@ class RefusalLimit:
         so the window allows it too."""
         if sent_at >= self._row_from:
             self._in_a_row, self.pending = 0, None
+        self._latest_through = max(self._latest_through, sent_at)
         self._latencies.append(now - sent_at)
         through = self._through
         through.append(sent_at)
@@ -140,8 +142,15 @@ class RefusalLimit:
         (:meth:`window_start`): then the window is the minute the user meant, and it is
         learned at once; if not, it is another window (per-second enforcement), and the
         configured pace is kept. Not told (None): five in a row teach one."""
+        start = now if sent_at is None else sent_at
+        if self._in_a_row and start < self._row_from:
+            # The row began before its first answer said; one sent since that got through
+            # breaks it (a busy server's few at random, answered out of order).
+            self._row_from = start
+            if self._latest_through >= start:
+                self._in_a_row = 0
         if not self._in_a_row:
-            self._row_from = now if sent_at is None else sent_at
+            self._row_from = start
         self._in_a_row += 1
         told = met is not None
         if self.limit is None and not met and (told or self._in_a_row < IN_A_ROW):
