@@ -288,10 +288,9 @@ def test_max_runtime_stops_the_wait_and_max_cost_is_refused(
     assert server.batches.created() == 1
 
 
-def test_via_flex_and_auto_are_not_built_yet(tmp_path: Path, server: FakeServer) -> None:
+def test_via_auto_is_not_built_yet(tmp_path: Path, server: FakeServer) -> None:
     write_prompts(tmp_path / "in.jsonl", _prompts(1))
-    for via in ("flex", "auto"):
-        proc = run_aiq("run", "in.jsonl", "--via", via, "--base-url", server.base_url, cwd=tmp_path)
-        assert proc.returncode == 2, proc.stderr
-        assert f"--via {via} is not built yet" in proc.stderr
+    proc = run_aiq("run", "in.jsonl", "--via", "auto", "--base-url", server.base_url, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "--via auto is not built yet" in proc.stderr
     assert not server.requests

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_aiq, write_prompts
+from conftest import read_jsonl, run_aiq, write_prompts
 from fakeserver import FakeServer
 from fakeserver import modes as fl
 
@@ -61,3 +61,44 @@ def test_no_capacity_for_a_while_costs_no_attempt_and_keeps_the_burst(tmp_path: 
     assert sum(r.status == 429 for r in posts) == mode.refused
     results = [json.loads(line) for line in (tmp_path / "p.results.jsonl").read_text().splitlines()]
     assert len(results) == JOBS
+
+
+@pytest.mark.slow
+def test_via_flex_asks_the_flex_tier_of_every_chat_request_whose_line_names_none(
+    tmp_path: Path,
+) -> None:
+    lines = [
+        {"custom_id": "plain", "prompt": "flex me"},
+        {"custom_id": "own", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "gpt-4o-mini", "service_tier": "auto",
+                  "messages": [{"role": "user", "content": "my own tier"}]}},
+        {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "text-embedding-3-small", "input": "no tiers here"}},
+    ]  # fmt: skip
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with FakeServer(latency_s=0.01) as server:
+        proc = run_aiq(
+            "run", "p.jsonl", "--base-url", server.base_url, "--model", "gpt-4o-mini",
+            "--via", "flex", "--quiet", cwd=tmp_path, timeout=60,
+        )  # fmt: skip
+        bodies = {r.prompt: r.body for r in server.requests if r.method == "POST"}
+    assert proc.returncode == 0, proc.stderr
+    assert bodies["flex me"]["service_tier"] == "flex"
+    assert bodies["my own tier"]["service_tier"] == "auto"  # the line's own wins
+    assert "service_tier" not in bodies["no tiers here"]  # embeddings take none
+    results = {r["custom_id"]: r for r in read_jsonl(tmp_path / "p.results.jsonl")}
+    assert results["plain"]["response"]["body"]["service_tier"] == "flex"
+    # The store keeps the request as the line gave it: the tier is how this run sent it.
+    show = run_aiq("show", "plain", "--json", cwd=tmp_path)
+    assert show.returncode == 0, show.stderr
+    assert "service_tier" not in json.loads(show.stdout)["lines"][0]["request"]["body"]
+
+
+def test_via_flex_is_refused_for_a_provider_without_the_tier(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text(json.dumps({"custom_id": "a", "prompt": "hi"}) + "\n")
+    proc = run_aiq(
+        "run", "p.jsonl", "--provider", "anthropic", "--model", "claude-sonnet-4-5",
+        "--via", "flex", "--base-url", "http://127.0.0.1:9", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "--via flex is OpenAI's flex tier" in proc.stderr

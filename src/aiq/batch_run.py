@@ -28,10 +28,15 @@ Note = Callable[[str], None]
 
 def check_via(config: Config) -> None:
     """UsageError for a way of sending not built yet, or a provider batch cannot use."""
-    if config.via in ("flex", "auto"):
+    if config.via == "auto":
         raise UsageError(
-            f"--via {config.via} is not built yet; use --via online (one call each) or "
-            "--via batch (the provider's batch engine, OpenAI)"
+            "--via auto is not built yet; use --via online (one call each), --via flex "
+            "(OpenAI's flex tier) or --via batch (the provider's batch engine, OpenAI)"
+        )
+    if config.via == "flex" and config.spec.api != "openai":
+        raise UsageError(
+            f"--via flex is OpenAI's flex tier; provider {config.provider} has none: use "
+            "--via online"
         )
     if config.via == "batch" and config.spec.api != "openai":
         raise UsageError(

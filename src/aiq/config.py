@@ -26,6 +26,10 @@ DEFAULT_DB = Path(".aiq") / "aiq.db"
 DEFAULT_CONFIG = Path("aiq.yaml")
 
 
+DEFAULT_TIMEOUT_S = 600.0  # the official SDKs' read timeout
+FLEX_TIMEOUT_S = 900.0  # OpenAI's advice for the flex tier
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """Everything a run needs. Build it with :meth:`Config.resolve` (or directly in code)."""
@@ -54,7 +58,7 @@ class Config:
     max_attempts: int = 5
     # The longest a call may take (the official SDKs wait 600 s: long generations take
     # minutes); shorter per model once its replies are seen (aiq.timeouts).
-    timeout_s: float = 600.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     connect_timeout_s: float = 10.0
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
@@ -113,6 +117,15 @@ class Config:
                 f"backoff_base_s: {self.backoff_base_s:g} is above backoff_cap_s "
                 f"({self.backoff_cap_s:g}); use a base no larger than the cap"
             )
+
+    @property
+    def call_timeout_s(self) -> float:
+        """The longest a call may take: ``timeout_s``, or at the flex tier left at its default,
+        the 900 s OpenAI advises for flex (its flex-processing guide: "increase default
+        timeout to 15 minutes")."""
+        if self.via == "flex" and self.timeout_s == DEFAULT_TIMEOUT_S:
+            return FLEX_TIMEOUT_S
+        return self.timeout_s
 
     @property
     def spec(self) -> ProviderSpec:

@@ -213,7 +213,7 @@ async def _worker(
         ),
         progress=Progress(total=stats.total, done=stats.counts["done"], dead=stats.counts["dead"]),
         costs=await _cost_meter(store, config, stats),
-        timeouts=Timeouts(ceiling_s=config.timeout_s),
+        timeouts=Timeouts(ceiling_s=config.call_timeout_s),
         on_truncated=config.on_truncated,
         on_attempt=on_attempt,
     )

@@ -130,8 +130,9 @@ ViaOpt = Annotated[
     str | None,
     typer.Option(
         "--via",
-        help="How jobs are sent: online (one call each, the default) | batch (the provider's "
-        "batch engine: half price, results within 24 h). Kept by the store for resume.",
+        help="How jobs are sent: online (one call each, the default) | flex (online at "
+        "OpenAI's flex tier: half price, slower) | batch (the provider's batch engine: half "
+        "price, results within 24 h). Kept by the store for resume.",
     ),
 ]
 DetachOpt = Annotated[

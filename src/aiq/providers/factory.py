@@ -50,8 +50,10 @@ def make_provider(config: Config, *, pool_size: int) -> tuple[Provider, httpx.As
         api_key_env=config.api_key_env,
         extra_headers=config.extra_headers,
         connect_timeout_s=config.connect_timeout_s,
-        read_timeout_s=config.timeout_s,
+        read_timeout_s=config.call_timeout_s,
         default_max_tokens=config.max_tokens,
         spec=spec,
     )
+    if config.via == "flex" and isinstance(provider, OpenAIProvider):
+        provider.service_tier = "flex"
     return provider, transport

@@ -19,6 +19,21 @@ __all__ = ["OpenAIProvider", "endpoint_url"]
 _EXPECTED = {"/v1/embeddings": "data", "/v1/responses": "output"}  # a good reply carries it
 
 
+# The endpoints that take a ``service_tier`` (OpenAI's flex tier: chat and responses only).
+_TIERED = frozenset({"/v1/chat/completions", "/v1/responses"})
+
+
+def with_tier(body: bytes, tier: str) -> bytes:
+    """``body`` asking for ``tier``, unless it names a tier of its own (the line's wins). The
+    stored request stays as the line gave it: the tier is how this run sends, not the request,
+    so its dedup key and a later run at another tier are unchanged."""
+    obj = orjson.loads(body)
+    if not isinstance(obj, dict) or "service_tier" in obj:
+        return body
+    obj["service_tier"] = tier
+    return orjson.dumps(obj)
+
+
 class OpenAIProvider(HttpProvider):
     """Sends requests straight to an ``httpx.AsyncBaseTransport``; classifies every failure.
 
@@ -32,6 +47,9 @@ class OpenAIProvider(HttpProvider):
         """The full URL of an endpoint such as ``/v1/chat/completions``, parsed once."""
         return self._post(endpoint).url
 
+    # The service tier asked of every request whose body names none (``--via flex``).
+    service_tier: str | None = None
+
     async def send(self, endpoint: str, body: bytes) -> Reply:
         """POST one request body; returns the Reply or raises a classified ProviderError."""
         if endpoint == "/v1/messages":
@@ -41,6 +59,8 @@ class OpenAIProvider(HttpProvider):
                 "an Anthropic Message Batches line (params, /v1/messages): run it with "
                 "--provider anthropic",
             )
+        if self.service_tier is not None and endpoint in _TIERED:
+            body = with_tier(body, self.service_tier)
         request = self._post(endpoint).request(body)
         resp, content = await exchange(self._transport, request, base=self._base)
         if resp.status_code != 200:
