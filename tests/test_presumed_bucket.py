@@ -47,7 +47,7 @@ class SimSlidingSecond:
 
 
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(limit=st.integers(5, 400), extra=st.floats(0.1, 1.0), senders=st.integers(16, 128))
 def test_a_full_bucket_is_used_at_once_and_never_refuses(
     limit: int, extra: float, senders: int
