@@ -89,6 +89,7 @@ def dead(err: ProviderError, attempts: int, **fields: object) -> Outcome:
 SERVER = error("server", 500, retryable=True)
 SLOW_DOWN = error("server", 503, retryable=True, retry_after_s=7.0)
 TIMEOUT = error("timeout", retryable=True)
+LEARNED_CUT = ProviderError("timeout", "no reply in 0.3 s", retryable=True, cut=True)  # aiq cut it
 REQUEST_TIMEOUT = error("timeout", 408, retryable=True)
 CONNECTION = error("connection", retryable=True, unreachable=True)
 CONNECT_TIMEOUT = error("timeout", retryable=True, unreachable=True)
@@ -124,6 +125,16 @@ RULES: list[tuple[str, Job, ProviderError, Health, Refusals, Fate]] = [
         "A cut call is retried, and costs the job an attempt (the provider may have billed it)",
         JOB, TIMEOUT, UP, NO_REFUSALS,
         Fate(kept(TIMEOUT, 3, NOW + 2.0, timed_out=True)),
+    ),
+    (
+        "one cut at its learned timeout goes again at once while the provider answers other calls",
+        JOB, LEARNED_CUT, UP, NO_REFUSALS,
+        Fate(kept(LEARNED_CUT, 3, NOW, timed_out=True)),
+    ),
+    (
+        "Only when every model's breaker is open is the provider",  # a cut then waits
+        JOB, LEARNED_CUT, DOWN, NO_REFUSALS,
+        Fate(kept(LEARNED_CUT, 2, NOW + 2 * 0.5, timed_out=True)),  # attempt 2: under 2 s
     ),
     (
         "408, 409, 425, 429, 5xx",  # a 408 is an answer: no call timed out unanswered

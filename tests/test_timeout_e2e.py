@@ -22,8 +22,9 @@ from aiq.inputs import Defaults
 from aiq.providers.openai import OpenAIProvider
 from aiq.records import Stats
 from aiq.requestfile import read_requests
+from aiq.sender import _SWEEP_S
 from aiq.store import JobStore
-from aiq.timeouts import TimeoutRule, Timeouts
+from aiq.timeouts import FLOOR_S, TimeoutRule, Timeouts
 from aiq.transport import AiohttpTransport
 from aiq.worker import RetryPolicy, Worker
 
@@ -120,8 +121,8 @@ def test_a_hang_among_the_first_calls_is_cut_once_the_timeout_is_learned(tmp_pat
 
 
 def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
-    """A hang sent under a learned timeout (1 s: the floor, with 10 ms replies) is cut within
-    the sweep's period of it (worker._SWEEP_S), never before it."""
+    """A hang sent under a learned timeout (the floor, with 10 ms replies) is cut within the
+    sweep's period of it (sender._SWEEP_S), never before it."""
     path = tmp_path / "in.jsonl"
     write_prompts(path, [(f"c{i}", f"q{i}") for i in range(12)])
     hung: list[float] = []
@@ -140,8 +141,8 @@ def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
     timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
     _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=1))
     assert stats.counts["done"] == 12 and stats.timeouts == 1
-    assert timeouts.learned_s("m") == 1.0
-    assert len(hung) == 1 and 1.0 <= hung[0] < 1.0 + 0.1 + 0.15, hung
+    assert timeouts.learned_s("m") == FLOOR_S
+    assert len(hung) == 1 and FLOOR_S <= hung[0] < FLOOR_S + _SWEEP_S + 0.15, hung
 
 
 async def _run_mocked(

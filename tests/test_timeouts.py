@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiq.timeouts import TimeoutRule, Timeouts
+from aiq.timeouts import FLOOR_S, TimeoutRule, Timeouts
 
 latencies = st.lists(st.floats(min_value=0.0, max_value=1e4), min_size=0, max_size=400)
 
@@ -17,7 +17,7 @@ def test_the_ceiling_alone_until_enough_replies() -> None:
         t.observe("m", 0.05)
     assert t.timeout_s("m") is None and t.learned_s("m") is None
     t.observe("m", 0.05)
-    assert t.timeout_s("m") == 1.0  # 4 x 50 ms is under the floor
+    assert t.timeout_s("m") == FLOOR_S  # 4 x 50 ms is under the floor
 
 
 def test_four_times_the_p99_per_model() -> None:
@@ -25,7 +25,7 @@ def test_four_times_the_p99_per_model() -> None:
     for i in range(100):
         t.observe("fast", 0.05)
         t.observe("slow", 2.0 if i else 30.0)  # one outlier in 100 is the 1% the p99 drops...
-    assert t.timeout_s("fast") == 1.0
+    assert t.timeout_s("fast") == FLOOR_S
     assert t.timeout_s("slow") == 8.0
     assert t.timeout_s(None) is None  # a model not seen yet
     t.observe("slow", 30.0)  # ... two are not

@@ -174,6 +174,10 @@ def failed(
         if outage_like(err) and health.broken:
             out.error_message = _failed_alone(job, err)
         return Fate(out, pause_s)
+    if err.cut and not (health.down or health.broken):
+        # Cut by the learned timeout while the provider answers other calls: a hang, not a
+        # provider that needs a rest. Waiting on would add a backoff to the hang's cost.
+        wait_s = 0.0
     out.next_at = now + wait_s
     return Fate(out, pause_s)
 

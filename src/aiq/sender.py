@@ -34,8 +34,8 @@ from .run_records import Progress
 from .timeouts import Timeouts
 
 # How often calls are checked against their learned timeout: a cut comes up to this late, a
-# tenth of the shortest timeout (timeouts.FLOOR_S); a scan of ~1,500 calls, 10 times a second.
-_SWEEP_S = 0.1
+# fifth of the shortest timeout (timeouts.FLOOR_S); a scan of ~1,500 calls, 20 times a second.
+_SWEEP_S = 0.05
 # With several models' limiters, a job whose limiter would hold its sender longer than this
 # goes back to the store until its slot, and the sender takes the next job, so one model's
 # slow limit does not hold up the others (head-of-line blocking).
@@ -347,6 +347,7 @@ class Sender:
                 f"({timeouts.rule.multiple:g}x their p99); the next attempt waits longer, "
                 f"up to --timeout {timeouts.ceiling_s:g} s",
                 retryable=True,
+                cut=True,
             ) from None
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:

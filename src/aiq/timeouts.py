@@ -23,7 +23,11 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-FLOOR_S = 1.0  # never cut sooner: a stall of the event loop or a lost packet is not a hang
+# Never cut sooner. It binds only where the p99 is under FLOOR_S / MULTIPLE (62 ms: an embeddings
+# call, a local model's short reply), where a hang otherwise costs a batch of a few seconds
+# most of its time. It is above Linux's shortest TCP retransmit (200 ms); an event-loop stall
+# longer than it is also in the latencies the p99 is taken from.
+FLOOR_S = 0.25
 MULTIPLE = 4.0  # of the p99: a reply slower than 4x the slowest 1% is most likely never coming
 PERCENTILE = 0.99
 MIN_SAMPLES = 20  # replies before the p99 is trusted; until then the ceiling applies

@@ -81,6 +81,7 @@ class ProviderError(Exception):
         limits: RateLimitInfo | None = None,
         unreachable: bool = False,
         request_id: str | None = None,
+        cut: bool = False,
     ) -> None:
         super().__init__(message)
         self.error_type = error_type
@@ -98,6 +99,9 @@ class ProviderError(Exception):
         # The provider's id of the failed call, when its reply named one: for its support,
         # and to follow the job through its retries (the log, the dead letter).
         self.request_id = request_id
+        # aiq's own learned timeout cut the call (aiq.timeouts): it has waited a multiple of
+        # the model's slowest replies already, so it goes again at once (aiq.outcomes).
+        self.cut = cut
 
 
 def error_from(
