@@ -102,6 +102,9 @@ def _rows() -> dict[str, Row]:
          lambda t0: fl.OpenAIBucket(rpm=600), ("--rpm", "600"))  # fmt: skip
     pair("a-openai-at-once", "OpenAI bucket 600 rpm, full at start", 400,
          lambda t0: fl.OpenAIBucket(rpm=600), ("--rpm", "600"))  # fmt: skip
+    # The burst case: the bucket's 1,200 at once, the other 800 at its refill (40 s).
+    pair("a-openai-burst", "OpenAI bucket 1,200 rpm, full at start", 2000,
+         lambda t0: fl.OpenAIBucket(rpm=1200), ("--rpm", "1200"))  # fmt: skip
     pair("b-per-second", "1,200 rpm as a 20-request bucket", 800,
          lambda t0: fl.PerSecond(rpm=1200), ("--rpm", "1200"))  # fmt: skip
     pair("c-litellm", "LiteLLM router rpm 600 per calendar minute (599 pass)", 700,
