@@ -14,11 +14,12 @@ from .batch_records import Requeue
 from .outcomes import Health, RetryPolicy
 from .pricing import Price, price_for
 from .providers.base import ProviderError
-from .providers.openai import OpenAIProvider
+from .providers.batches import Answers
 from .records import DEAD, DONE, Job, Outcome
 from .run_records import Progress
 
-# A batch job is billed at half the list price (OpenAI's Batch API pricing).
+# A batch job is billed at half the list price (OpenAI's Batch API pricing; Anthropic's
+# Message Batches likewise: "50% of standard API prices").
 BATCH_SHARE = 0.5
 # Line errors that say the line never ran: queued again, no attempt spent.
 _NOT_RUN: dict[str, Requeue] = {"batch_expired": "expired", "batch_cancelled": "cancelled"}
@@ -44,7 +45,7 @@ class LineRules:
 
     def __init__(
         self,
-        answers: OpenAIProvider,
+        answers: Answers,
         *,
         prices: Mapping[str, Price],
         retry: RetryPolicy,

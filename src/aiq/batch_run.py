@@ -18,8 +18,8 @@ from .contract import StopReason
 from .database import rollback
 from .errors import FatalProviderError, UsageError
 from .outcomes import RetryPolicy
-from .providers.openai import OpenAIProvider
-from .providers.openai_batches import BatchApi
+from .providers.batches import BatchService
+from .providers.factory import BATCH_CLASSES, make_batch_service
 from .run_records import Progress
 from .store import JobStore
 
@@ -38,10 +38,11 @@ def check_via(config: Config) -> None:
             f"--via flex is OpenAI's flex tier; provider {config.provider} has none: use "
             "--via online"
         )
-    if config.via == "batch" and config.spec.api != "openai":
+    if config.via == "batch" and config.spec.api not in BATCH_CLASSES:
         raise UsageError(
             f"--via batch with provider {config.provider} is not built yet; it works with "
-            "OpenAI and OpenAI-compatible servers offering /v1/files and /v1/batches"
+            "OpenAI (and OpenAI-compatible servers offering /v1/files and /v1/batches) and "
+            "Anthropic's Message Batches"
         )
     if config.via == "batch" and config.spec.offline:
         raise UsageError("--via batch needs a real server: the simulated provider has no batches")
@@ -55,18 +56,10 @@ def check_via(config: Config) -> None:
 
 def _engine(
     store: JobStore, config: Config, progress: Progress, note: Note
-) -> tuple[BatchEngine, BatchApi, httpx.AsyncBaseTransport]:
+) -> tuple[BatchEngine, BatchService, httpx.AsyncBaseTransport]:
     """The run's engine over ``store``, its API client and the transport under both."""
-    if not config.api_key and config.spec.needs_key(config.base_url):
-        raise UsageError(f"no API key: set {config.api_key_env}")
     transport = httpx.AsyncHTTPTransport(retries=0)
-    args = {
-        "base_url": config.base_url, "api_key": config.api_key,
-        "api_key_env": config.api_key_env, "extra_headers": config.extra_headers,
-        "connect_timeout_s": config.connect_timeout_s, "spec": config.spec,
-    }  # fmt: skip
-    api = BatchApi(transport, read_timeout_s=config.timeout_s, **args)  # type: ignore[arg-type]
-    answers = OpenAIProvider(transport, **args)  # type: ignore[arg-type]
+    api, answers = make_batch_service(config, transport)
     engine = BatchEngine(
         store, api, answers, provider=config.provider,
         files_dir=config.db.parent / "batches", progress=progress,
