@@ -268,10 +268,12 @@ class BatchEngine:
             now = self._wall()
             block = [self._rules.failed(jobs[i], err, started=now) for i, err in written.refused]
             await self._write(batch, block)
-            await self._store.save_step(batch.id, requests=written.requests)
             self._note(
-                f"batch {batch.id}: {len(block):,} requests refused: {block[0].error_message}"
+                f"batch {batch.id}: {len(block):,} of its requests refused; the first: "
+                f"{block[0].error_message}"
             )
+        if written.requests != batch.requests:  # also after a crash between the two writes
+            await self._store.save_step(batch.id, requests=written.requests)
         return await self._reread(batch)
 
     async def _reread(self, batch: Batch) -> Batch:
