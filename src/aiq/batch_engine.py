@@ -309,13 +309,18 @@ class BatchEngine:
         """Every job of an ended batch to done, dead or the queue, as its lines say; a job
         no line names is queued again: missing (an expired batch lists its unfinished lines
         in the error file, so one in neither file is missing, and counted towards dead), or
-        cancelled or failed with its batch."""
+        cancelled or failed with its batch, or not ours (every line another batch's)."""
         jobs = await self._store.batch_jobs(batch.id)
         order = list(jobs)  # line N of the input file is the Nth job by id
         not_run: dict[str, list[int]] = {}
-        retried = await self._read_lines(batch, jobs, not_run)
+        retried, ours = await self._read_lines(batch, jobs, not_run)
         why = "cancelled" if batch.state == "cancelled" else "missing"
-        if batch.state == "failed" and over_token_limit(polled.raw):
+        if not ours:
+            # Every line is another batch's: a lost creation was found again wrongly (a
+            # provider with no metadata, aiq.providers.anthropic_batches): no job's fault.
+            why = "not_ours"
+            self._note(f"batch {batch.id} {batch.provider_batch_id}: not this batch's lines")
+        elif batch.state == "failed" and over_token_limit(polled.raw):
             why = "token_limit"  # the account's enqueued tokens: a pace, not the jobs' fault
             self._pace()
         elif batch.state == "failed":
@@ -336,18 +341,21 @@ class BatchEngine:
 
     async def _read_lines(
         self, batch: Batch, jobs: dict[int, Job], not_run: dict[str, list[int]]
-    ) -> int:
+    ) -> tuple[int, bool]:
         """Ingest the batch's result lines, a block at a time, taking each line's job out
         of ``jobs`` (a line whose job is not there was ingested before a crash, or is not
         this batch's). Lines that never ran are put in ``not_run``; returns how many lines
-        their own outcome queued again."""
-        retried = 0
+        their own outcome queued again, and whether the lines could be this batch's (any
+        names a job, or none came)."""
+        retried = foreign = named = 0
         block: list[Outcome] = []
         async for line in self._api.lines(batch, self._key(batch)):
             if line is None:  # one file read: its lines in before the next is asked for
                 await self._write(batch, block)
                 block = []
                 continue
+            named += line.job_id is not None
+            foreign += line.job_id is None
             job = None if line.job_id is None else jobs.pop(line.job_id, None)
             if job is None:
                 continue
@@ -361,7 +369,7 @@ class BatchEngine:
                 await self._write(batch, block)
                 block = []
         await self._write(batch, block)
-        return retried
+        return retried, bool(named or not foreign)
 
     def _collected(self, batch: Batch, not_run: dict[str, list[int]], retried: int) -> None:
         """The batch is ingested: forget its pacing, and say what came back to the queue."""

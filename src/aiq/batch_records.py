@@ -12,7 +12,7 @@ Step = Literal["planned", "uploaded", "created", "ingested"]
 # processing_status ``ended``).
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled", "ended"})
 # Why a line came back to the queue without costing an attempt.
-Requeue = Literal["expired", "cancelled", "missing", "failed", "token_limit", "retry"]
+Requeue = Literal["expired", "cancelled", "missing", "failed", "token_limit", "retry", "not_ours"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

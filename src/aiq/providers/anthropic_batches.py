@@ -17,12 +17,13 @@ this store and this batch, so a line can never land on another batch's job.
 read once it has ended. So a create whose answer was lost is looked for among the batches
 listed (newest first) that were created since the batch was planned (less a margin for the
 clocks), are not already one of this store's, and hold exactly as many requests as it
-does; the oldest of them is adopted (the create came soonest after the plan). Its results
-are checked on ingest by the custom_ids: should it have been another client's batch of the
-same size created in the same minutes, none of its lines names this batch, every job comes
-back as missing and is sent again (at worst once more, never a wrong result). That residual
-risk needs another client on the same workspace, batches of the same size, and a lost
-answer at once.
+does; the one created nearest after the plan is adopted (the create came soonest after it).
+Its results are checked on ingest by the custom_ids: should it have been another client's
+batch of the same size created within that minute, none of its lines names this batch, and
+every job is queued again at no attempt (``not_ours``), never given a wrong result. The
+residual risk: had this batch's own create gone through too, its jobs are then sent twice.
+That needs another client on the same workspace, a batch of the same size within a minute,
+and a lost answer, all at once.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ MAX_REQUESTS = 100_000
 MAX_BYTES = 240 * 1000 * 1000
 LINE_OVERHEAD = 120  # {"custom_id":"aiq-...","params":} and a separator
 _PATH = "/v1/messages/batches"
-_LOOK_BACK_S = 300.0  # the provider's clock may be behind ours by this much
+_LOOK_BACK_S = 60.0  # the provider's clock may be behind ours by this much
 _CHUNK = 1 << 20
 # An errored result's error type, as the HTTP status an online call would have had
 # (Anthropic's "Errors" page), so the same table classifies it.
@@ -77,14 +78,16 @@ def job_of(custom_id: object, prefix: str) -> int | None:
 def result_line(raw: bytes, prefix: str) -> Line | None:
     """One results line (a MessageBatchIndividualResponse) as aiq reads a batch line: a
     ``succeeded`` message as a 200 reply, an ``errored`` error as its HTTP status and body,
-    ``canceled`` and ``expired`` as lines that never ran. None: not JSON, or not this
-    batch's."""
+    ``canceled`` and ``expired`` as lines that never ran; one of another batch's with no
+    job. None: not a JSON object."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(data, dict) or (job := job_of(data.get("custom_id"), prefix)) is None:
+    if not isinstance(data, dict):
         return None
+    if (job := job_of(data.get("custom_id"), prefix)) is None:
+        return Line(None, None, None, b"", "not_ours", "another batch's line")
     result = data.get("result")
     result = result if isinstance(result, dict) else {}
     kind = result.get("type")
@@ -169,10 +172,11 @@ class AnthropicBatchApi(BatchHttp):
         return polled(await self._call("POST", f"{_PATH}/{batch_id}/cancel"))
 
     async def find_batch(self, key: BatchKey, *, known: frozenset[str]) -> Polled | None:
-        """The oldest batch created since ``key`` was planned (less a margin) with as many
-        requests, not one of ``known``: see the module's docstring for why and its risk."""
+        """The batch created nearest after ``key`` was planned (or, for the clocks, up to a
+        margin before) with as many requests, not one of ``known``: see the module's
+        docstring for why and its risk."""
         since = key.planned_at - _LOOK_BACK_S
-        found = None
+        found: list[tuple[bool, float, Polled]] = []
         after: str | None = None
         while True:
             params: dict[str, Any] = {"limit": 100}
@@ -186,10 +190,11 @@ class AnthropicBatchApi(BatchHttp):
                     continue
                 candidate = polled(b)
                 if candidate.counts["total"] == key.requests:
-                    found = candidate  # newest first: the last match is the oldest
+                    early = created < key.planned_at
+                    found.append((early, abs(created - key.planned_at), candidate))
             older = any((_epoch(b.get("created_at")) or 0) < since for b in data)
             if not data or older or not page.get("has_more"):
-                return found
+                return min(found, key=lambda f: f[:2])[2] if found else None
             after = data[-1].get("id")
 
     async def lines(self, batch: Batch, key: BatchKey) -> AsyncIterator[Line | None]:
