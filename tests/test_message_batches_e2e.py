@@ -197,3 +197,68 @@ def test_detach_submits_and_exits_then_resume_collects(tmp_path: Path, server: F
     assert "collected 1" in last.stdout
     _check_results(tmp_path, server, prompts)
     assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 4
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_cancel_collects_what_finished_and_queues_the_rest_at_no_attempt(
+    tmp_path: Path, server: FakeServer, provider: str
+) -> None:
+    fake = server.message_batches if provider == "anthropic" else server.batches
+    fake.processing_s, fake.cancel_after_lines = 30.0, 3
+    prompts = _prompts(8, marks={1: "FAIL_PERMANENT "})
+    write_prompts(tmp_path / "in.jsonl", prompts)
+    args = ["--provider", provider, "--base-url", server.base_url, "--model", "claude-x"]
+    run = ["run", "in.jsonl", "--via", "batch", "--detach", *args]
+    assert run_aiq(*run, cwd=tmp_path, env=ENV).returncode == 0
+    proc = run_aiq("cancel", cwd=tmp_path, env=ENV)
+    assert proc.returncode == 1, proc.stderr  # the finished lines are in: one is dead
+    cancelled = "canceling" if provider == "anthropic" else "cancelling"
+    assert f": {cancelled}" in proc.stderr and "collected 1" in proc.stdout
+    assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 2
+    assert [d["custom_id"] for d in read_jsonl(tmp_path / "in.dead.jsonl")] == ["c/1 é"]
+    status = run_aiq("status", cwd=tmp_path, env=ENV).stdout
+    assert "queued 5 " in status and "re-queued from batches: 5 cancelled" in status
+    assert fake.created() == 1  # cancel submits nothing
+    fake.processing_s = 0.0
+    assert run_aiq("resume", cwd=tmp_path, env=ENV).returncode == 1
+    assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 7
+    assert set(fake.submitted_twice()) == {p for _, p in prompts[3:]}  # none finished twice
+
+
+def test_cancel_needs_a_store_and_with_no_open_batch_does_nothing(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    assert run_aiq("cancel", cwd=tmp_path, env=ENV).returncode == 2  # no store yet
+    write_prompts(tmp_path / "in.jsonl", _prompts(2))
+    assert _run(tmp_path, server).returncode == 0
+    again = run_aiq("cancel", cwd=tmp_path, env=ENV)
+    assert again.returncode == 0 and "nothing to cancel" in again.stderr, again.stderr
+    assert server.message_batches.created() == 1
+
+
+@pytest.mark.parametrize("step", ["create", "create-answer"])
+def test_cancel_after_a_kill_around_creation_finds_or_releases_the_batch(
+    tmp_path: Path, server: FakeServer, step: str
+) -> None:
+    mb = server.message_batches
+    prompts = _prompts(4)
+    write_prompts(tmp_path / "in.jsonl", prompts)
+    mb.hold = {step}
+    args = ["run", "in.jsonl", "--via", "batch", *_aiq(tmp_path, server, "run")[1:]]
+    proc = start_aiq(*args, cwd=tmp_path, env=ENV)
+    try:
+        _wait_for(lambda: mb.held[step] >= 1)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=10)
+    mb.hold = set()
+    cancelled = run_aiq("cancel", cwd=tmp_path, env=ENV)
+    assert cancelled.returncode == 0, cancelled.stderr
+    results = read_jsonl(tmp_path / "in.results.jsonl")
+    if step == "create":  # never created: its jobs straight back to the queue
+        assert results == [] and mb.created() == 0
+        assert "4 cancelled" in cancelled.stderr
+    else:  # created, its answer lost: found, and what it finished collected
+        assert "found msgbatch_" in cancelled.stderr and len(results) == 4
+        _check_results(tmp_path, server, prompts)
+        assert mb.created() == 1

@@ -56,6 +56,8 @@ class BatchEngine:
     reply exactly as an online call's (the provider's online class); ``prices`` price done
     jobs at half their list price (aiq.batch_results)."""
 
+    submits = True  # plans and submits what is due (aiq.batch_cancel's engine does not)
+
     def __init__(
         self,
         store: JobStore,
@@ -113,7 +115,7 @@ class BatchEngine:
                 break
             now = self._wall()
             if not open_now:
-                due = await self._store.next_due_at()
+                due = await self._store.next_due_at() if self.submits else None
                 if due is None:
                     break
                 await self._nap(min(max(due, self._plan_after) - now, self._poll_cap_s))

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 
+from .batch_cancel import BatchCanceller
 from .batch_engine import BatchEngine
 from .batch_records import BatchRun
 from .config import Config
@@ -55,12 +56,13 @@ def check_via(config: Config) -> None:
 
 
 def _engine(
-    store: JobStore, config: Config, progress: Progress, note: Note
+    store: JobStore, config: Config, progress: Progress, note: Note, *, cancel: bool = False
 ) -> tuple[BatchEngine, BatchService, httpx.AsyncBaseTransport]:
-    """The run's engine over ``store``, its API client and the transport under both."""
+    """The run's engine over ``store`` (with ``cancel``, aiq cancel's), its API client and
+    the transport under both."""
     transport = httpx.AsyncHTTPTransport(retries=0)
     api, answers = make_batch_service(config, transport)
-    engine = BatchEngine(
+    engine = (BatchCanceller if cancel else BatchEngine)(
         store, api, answers, provider=config.provider,
         files_dir=config.db.parent / "batches", progress=progress,
         prices=config.price_table,
@@ -72,12 +74,13 @@ def _engine(
 
 async def work_batches(
     store: JobStore, config: Config, progress: Progress, *, detach: bool, note: Note,
-    handle_signals: bool,
+    handle_signals: bool, cancel: bool = False,
 ) -> tuple[BatchRun, StopReason | None, FatalProviderError | None]:  # fmt: skip
-    """Run the batch engine over ``store``; what it did, why it stopped (a signal or
-    --max-runtime stops the waiting, leaving every batch recorded for resume), and the fatal
-    error that stopped it, if one did."""
-    engine, api, transport = _engine(store, config, progress, note)
+    """Run the batch engine over ``store`` (with ``cancel``: cancel and collect the open
+    batches, submitting nothing); what it did, why it stopped (a signal or --max-runtime
+    stops the waiting, leaving every batch recorded for resume), and the fatal error that
+    stopped it, if one did."""
+    engine, api, transport = _engine(store, config, progress, note, cancel=cancel)
     task = asyncio.ensure_future(engine.run(detach=detach))
     stops: list[StopReason] = []
 
