@@ -33,13 +33,13 @@ from pathlib import Path
 
 from .batch_files import write_requests
 from .batch_records import Batch, BatchKey, BatchRun, Polled
-from .batch_results import LineRules, count, over_token_limit
+from .batch_results import LineRules, count, over_token_limit, oversized
 from .errors import FatalProviderError
 from .outcomes import RetryPolicy
 from .pricing import Price
 from .providers.base import ProviderError
 from .providers.batches import Answers, BatchService
-from .records import DEAD, QUEUED, Job, Outcome
+from .records import QUEUED, Job, Outcome
 from .run_records import Progress
 from .store import JobStore
 
@@ -406,15 +406,7 @@ class BatchEngine:
         ids = await self._store.oversized(max_bytes=limits.max_bytes, overhead=limits.overhead)
         if not ids:
             return
-        now = self._wall()
-        block = [
-            Outcome(
-                i, DEAD, 0, started_at=now, finished_at=now, error_type="invalid_request",
-                error_message=f"request over {limits.max_bytes:,} bytes, the most a batch "
-                "holds: send it online (--via online)",
-            )
-            for i in ids
-        ]  # fmt: skip
+        block = oversized(ids, limits.max_bytes, now=self._wall())
         await self._store.record(block)
         self.progress.dead += len(block)
         self.progress.dead_now += len(block)

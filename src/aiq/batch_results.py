@@ -144,3 +144,15 @@ def count(progress: Progress, block: list[Outcome]) -> None:
             p.dead_now += 1
         else:
             p.retries += 1
+
+
+def oversized(ids: list[int], max_bytes: int, *, now: float) -> list[Outcome]:
+    """Jobs whose request alone is over what a batch holds: dead, nothing sent."""
+    message = (
+        f"request over {max_bytes:,} bytes, the most a batch holds: send it online (--via online)"
+    )
+    return [
+        Outcome(i, DEAD, 0, started_at=now, finished_at=now, error_type="invalid_request",
+                error_message=message)
+        for i in ids
+    ]  # fmt: skip
