@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,14 +28,14 @@ def _prompts(n: int, *, marks: dict[int, str] | None = None) -> list[tuple[str, 
     return [(f"c/{i} é", f"{marks.get(i, '')}batch question {i}".strip()) for i in range(n)]
 
 
-def _aiq(tmp_path: Path, server: FakeServer, *args: str) -> list[str]:
-    extra = ["--provider", "anthropic", "--base-url", server.base_url, "--model", "claude-x"]
-    return [*args, *extra] if args and args[0] == "run" else list(args)
+def _run_args(server: FakeServer) -> list[str]:
+    """``aiq run in.jsonl`` by Message Batches to ``server``."""
+    return ["run", "in.jsonl", "--via", "batch", "--provider", "anthropic",
+            "--base-url", server.base_url, "--model", "claude-x"]  # fmt: skip
 
 
-def _run(tmp_path: Path, server: FakeServer, *extra: str):  # type: ignore[no-untyped-def]
-    args = ["run", "in.jsonl", "--via", "batch", *_aiq(tmp_path, server, "run")[1:], *extra]
-    return run_aiq(*args, cwd=tmp_path, env=ENV)
+def _run(tmp_path: Path, server: FakeServer, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_aiq(*_run_args(server), *extra, cwd=tmp_path, env=ENV)
 
 
 def _check_results(tmp_path: Path, server: FakeServer, prompts: list[tuple[str, str]]) -> None:
@@ -163,8 +164,7 @@ def test_kill_9_around_creation_then_resume_submits_nothing_twice(
         _foreign_batch(server, 6)
         step, theirs = "create", 1
     mb.hold = {step}
-    args = ["run", "in.jsonl", "--via", "batch", *_aiq(tmp_path, server, "run")[1:]]
-    proc = start_aiq(*args, cwd=tmp_path, env=ENV)
+    proc = start_aiq(*_run_args(server), cwd=tmp_path, env=ENV)
     try:
         _wait_for(lambda: mb.held[step] >= 1)
         proc.send_signal(signal.SIGKILL)
@@ -240,8 +240,7 @@ def test_cancel_after_a_kill_around_creation_finds_or_releases_the_batch(
     prompts = _prompts(4)
     write_prompts(tmp_path / "in.jsonl", prompts)
     mb.hold = {step}
-    args = ["run", "in.jsonl", "--via", "batch", *_aiq(tmp_path, server, "run")[1:]]
-    proc = start_aiq(*args, cwd=tmp_path, env=ENV)
+    proc = start_aiq(*_run_args(server), cwd=tmp_path, env=ENV)
     try:
         _wait_for(lambda: mb.held[step] >= 1)
         proc.send_signal(signal.SIGKILL)
