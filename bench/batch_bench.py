@@ -1,12 +1,14 @@
 """`--via batch` at scale: lines/s to plan and upload, lines/s to ingest, peak RSS.
 
-    .venv/bin/python bench/batch_bench.py [--lines 200000]
+    .venv/bin/python bench/batch_bench.py [--lines 200000] [--provider anthropic]
 
 In a fresh temporary directory: starts the fake server (tests/fakeserver, its Files and
 Batches API with zero processing time) as its own process, writes that many prompt lines,
 then times three aiq processes, each measured alone (peak RSS from wait4's rusage):
 ``aiq add`` (not batch work, for scale), ``aiq run --via batch --detach`` (plan, write and
-upload the input files, create the batches: 50,000 lines each) and, once the fake has
+upload the input files, create the batches: 50,000 lines each; with ``--provider
+anthropic``, Message Batches of 100,000 requests, created with their requests and no
+upload) and, once the fake has
 finished them (``PROCESSING_S``, not timed), ``aiq resume`` (poll, download the output
 files, ingest every line, export the results).
 """
@@ -45,6 +47,7 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lines", type=int, default=200_000)
+    parser.add_argument("--provider", choices=["openai", "anthropic"], default="openai")
     args = parser.parse_args()
     n = args.lines
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,11 +63,14 @@ def main() -> None:
             with (work / "p.jsonl").open("w") as f:
                 for i in range(n):
                     f.write(json.dumps({"custom_id": f"q{i}", "prompt": f"Summarise {i}."}) + "\n")
-            env = {**os.environ, "NO_COLOR": "1", "OPENAI_API_KEY": "sk-bench"}
+            env = {**os.environ, "NO_COLOR": "1", "OPENAI_API_KEY": "sk-bench",
+                   "ANTHROPIC_API_KEY": "sk-ant-bench"}  # fmt: skip
             aiq = [sys.executable, "-m", "aiq"]
-            base = ["--base-url", f"http://127.0.0.1:{port}/v1", "--model", "gpt-4o-mini"]
+            model = "claude-haiku-4-5" if args.provider == "anthropic" else "gpt-4o-mini"
+            url = f"http://127.0.0.1:{port}" + ("" if args.provider == "anthropic" else "/v1")
+            base = ["--provider", args.provider, "--base-url", url, "--model", model]
             rows = {
-                "add": timed([*aiq, "add", "p.jsonl", "--model", "gpt-4o-mini"], work, env),
+                "add": timed([*aiq, "add", "p.jsonl", "--model", model], work, env),
                 "submit": timed(
                     [*aiq, "run", "p.jsonl", "--via", "batch", "--detach", "--quiet", *base],
                     work,

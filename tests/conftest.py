@@ -46,11 +46,13 @@ def aiq_cmd(*args: str | Path) -> list[str]:
     return [sys.executable, "-m", "aiq", *map(str, args)]
 
 
-def start_aiq(*args: str | Path, cwd: Path, capture: bool = False) -> subprocess.Popen[str]:
+def start_aiq(
+    *args: str | Path, cwd: Path, capture: bool = False, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     """Start ``aiq ARGS`` in the background (to signal or kill it mid-run)."""
     stream = subprocess.PIPE if capture else subprocess.DEVNULL
     return subprocess.Popen(
-        aiq_cmd(*args), cwd=cwd, env=aiq_env(), stdout=stream, stderr=stream, text=True
+        aiq_cmd(*args), cwd=cwd, env=env or aiq_env(), stdout=stream, stderr=stream, text=True
     )
 
 

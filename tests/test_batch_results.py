@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from aiq.batch_files import Line
-from aiq.batch_results import LineRules, over_token_limit
+from aiq.batch_results import LineRules, over_token_limit, oversized
 from aiq.outcomes import RetryPolicy
 from aiq.pricing import Price
 from aiq.providers.openai import OpenAIProvider
@@ -86,3 +86,11 @@ def test_a_batch_failed_naming_no_line_charges_each_job_and_the_token_limit_none
     assert [(o.state, o.attempts) for o in block] == [(QUEUED, 1), (QUEUED, 1)] and not jobs
     limit = {"errors": {"data": [{"code": "token_limit_exceeded", "line": None}]}}
     assert over_token_limit(limit) and not over_token_limit({"errors": None})
+
+
+def test_a_request_too_big_for_any_batch_is_dead_naming_the_limit_and_the_way_out() -> None:
+    (out,) = oversized([4], 240_000_000, now=9.0)
+    assert (out.job_id, out.state, out.attempts, out.error_type) == (4, DEAD, 0, "invalid_request")
+    assert "240,000,000 bytes" in (out.error_message or "") and "--via online" in (
+        out.error_message or ""
+    )

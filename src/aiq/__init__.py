@@ -53,7 +53,9 @@ _EXPORTS = {
     "Price": "pricing",
     "PriceCheck": "pricing",
     "AnthropicProvider": "providers",
+    "AnthropicBatchApi": "providers.anthropic_batches",
     "BatchApi": "providers.openai_batches",
+    "BatchService": "providers.batches",
     "OpenAIProvider": "providers",
     "ProviderError": "providers",
     "Reply": "providers",
@@ -68,6 +70,7 @@ _EXPORTS = {
     "Progress": "run_records",
     "RunSummary": "run_records",
     "add_file": "runner",
+    "cancel_batches": "runner",
     "dead_errors": "runner",
     "export_outputs": "runner",
     "prune_store": "runner",
@@ -130,12 +133,15 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
         PriceCheck,
     )
     from .providers import AnthropicProvider, OpenAIProvider, ProviderError, Reply
+    from .providers.anthropic_batches import AnthropicBatchApi
+    from .providers.batches import BatchService
     from .providers.openai_batches import BatchApi
     from .records import EnqueueCounts, ModelUsage, Pruned, Replayed, Stats, Target
     from .requestfile import read_requests
     from .run_records import Export, Progress, RunSummary
     from .runner import (
         add_file,
+        cancel_batches,
         dead_errors,
         export_outputs,
         prune_store,
@@ -154,12 +160,14 @@ __all__ = [
     "PRICES_AS_OF",
     "PRICE_MAX_AGE_DAYS",
     "AiqError",
+    "AnthropicBatchApi",
     "AnthropicProvider",
     "BadLine",
     "Batch",
     "BatchApi",
     "BatchEngine",
     "BatchRun",
+    "BatchService",
     "CheckReport",
     "Config",
     "CostMeter",
@@ -200,6 +208,7 @@ __all__ = [
     "Worker",
     "__version__",
     "add_file",
+    "cancel_batches",
     "dead_errors",
     "export_outputs",
     "export_source",

@@ -1,21 +1,26 @@
-"""``--via batch``: the store's queued jobs sent through OpenAI's Batch API, not one call each.
+"""``--via batch``: the store's queued jobs sent through the provider's batch engine (OpenAI's
+Batch API, Anthropic's Message Batches), not one call each.
 
-A batch's life, each step written before the call that follows it (aiq.batchqueue):
+The engine talks to a :class:`aiq.providers.batches.BatchService`; it names no provider. A
+batch's life, each step written before the call that follows it (aiq.batchqueue):
 
-1. **planned**: due queued jobs of one endpoint and model, at most 50,000 and 200 MB, taken
-   into a batch (running, with its id) in one transaction;
-2. **uploaded**: its input file written from the store and sent (``POST /v1/files``);
-3. **created**: ``POST /v1/batches``, metadata naming the store and the batch;
-4. polled with backoff until it ends, then its output and error files read back and
-   **ingested**: every job of the batch ends exactly once, done, dead (by the online error
-   table, aiq.outcomes), or queued again without costing an attempt (expired, cancelled,
-   failed with the rest of a batch, missing from both files).
+1. **planned**: due queued jobs of one endpoint and model, at most the service's limits
+   (OpenAI: 50,000 and 200 MB; Anthropic: 100,000 and 256 MB), taken into a batch (running,
+   with its id) in one transaction;
+2. **uploaded** (a service that ``uploads``: OpenAI): its input file written from the store
+   and sent (``POST /v1/files``);
+3. **created**: the batch created (OpenAI: from the file, metadata naming the store and the
+   batch; Anthropic: the requests in the create call itself, written from the store);
+4. polled with backoff until it ends, then its results read back and **ingested**: every
+   job of the batch ends exactly once, done, dead (by the online error table,
+   aiq.outcomes), or queued again without costing an attempt (expired, cancelled, failed
+   with the rest of a batch, missing from the results).
 
 A run killed between two steps finds the last one written. Before doing the next again, it
 asks the provider whether that happened: a file of the batch's name is looked for among the
-uploads, a batch with its metadata among the batches; an open batch is adopted and polled.
-So no job is submitted twice and no result is lost. ``detach`` submits and returns; the
-next run collects.
+uploads, the batch among the batches (:meth:`BatchService.find_batch`); an open batch is
+adopted and polled. So no job is submitted twice and no result is lost. ``detach`` submits
+and returns; the next run collects.
 """
 
 from __future__ import annotations
@@ -25,24 +30,16 @@ import contextlib
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
-from .batch_files import (
-    LINE_OVERHEAD,
-    MAX_BYTES,
-    MAX_REQUESTS,
-    read_line,
-    write_input,
-)
-from .batch_records import TERMINAL, Batch, BatchRun
-from .batch_results import LineRules, count, over_token_limit
+from .batch_files import write_requests
+from .batch_records import Batch, BatchKey, BatchRun, Polled
+from .batch_results import LineRules, count, over_token_limit, oversized
 from .errors import FatalProviderError
 from .outcomes import RetryPolicy
 from .pricing import Price
 from .providers.base import ProviderError
-from .providers.openai import OpenAIProvider
-from .providers.openai_batches import BatchApi
-from .records import DEAD, QUEUED, Job, Outcome
+from .providers.batches import Answers, BatchService
+from .records import QUEUED, Job, Outcome
 from .run_records import Progress
 from .store import JobStore
 
@@ -55,15 +52,17 @@ Note = Callable[[str], None]
 
 
 class BatchEngine:
-    """Drives a store's batches through one account's Batch API. ``answers`` reads a line's
-    reply exactly as an online call's (aiq.providers.openai); ``prices`` price done jobs at
-    half their list price (aiq.batch_results)."""
+    """Drives a store's batches through one account's batch API. ``answers`` reads a line's
+    reply exactly as an online call's (the provider's online class); ``prices`` price done
+    jobs at half their list price (aiq.batch_results)."""
+
+    submits = True  # plans and submits what is due (aiq.batch_cancel's engine does not)
 
     def __init__(
         self,
         store: JobStore,
-        api: BatchApi,
-        answers: OpenAIProvider,
+        api: BatchService,
+        answers: Answers,
         *,
         provider: str,
         files_dir: Path,
@@ -116,7 +115,7 @@ class BatchEngine:
                 break
             now = self._wall()
             if not open_now:
-                due = await self._store.next_due_at()
+                due = await self._store.next_due_at() if self.submits else None
                 if due is None:
                     break
                 await self._nap(min(max(due, self._plan_after) - now, self._poll_cap_s))
@@ -150,9 +149,10 @@ class BatchEngine:
     async def _plan(self) -> Batch | None:
         if self._wall() < self._plan_after:
             return None
+        limits = self._api.limits
         batch = await self._store.plan_batch(
-            self._provider, now=self._wall(), max_requests=MAX_REQUESTS, max_bytes=MAX_BYTES,
-            overhead=LINE_OVERHEAD,
+            self._provider, now=self._wall(), max_requests=limits.max_requests,
+            max_bytes=limits.max_bytes, overhead=limits.overhead,
         )  # fmt: skip
         if batch is not None:
             self._fresh.add(batch.id)
@@ -167,9 +167,10 @@ class BatchEngine:
         if self._not_before.get(batch.id, 0.0) > self._wall():
             return
         try:
-            if batch.step == "planned":
+            if batch.step == "planned" and self._api.uploads:
                 batch = await self._upload(batch)
-            if batch.step == "uploaded" and not self.stopping:
+            ready = "uploaded" if self._api.uploads else "planned"
+            if batch.step == ready and not self.stopping:
                 batch = await self._create(batch)
             if batch.step == "created" and not self.stopping:
                 await self._look(batch)
@@ -193,8 +194,11 @@ class BatchEngine:
     def _filename(self, batch: Batch) -> str:
         return f"aiq-{self._tag}-b{batch.id}.jsonl"
 
-    def _metadata(self, batch: Batch) -> dict[str, str]:
-        return {"aiq_store": self._tag, "aiq_batch": str(batch.id)}
+    def _key(self, batch: Batch) -> BatchKey:
+        return BatchKey(
+            tag=self._tag, batch_id=batch.id, endpoint=batch.endpoint, requests=batch.requests,
+            planned_at=batch.created_at,
+        )  # fmt: skip
 
     async def _upload(self, batch: Batch) -> Batch:
         name = self._filename(batch)
@@ -203,7 +207,7 @@ class BatchEngine:
             found = await self._api.find_file(name, since=batch.created_at)
         if found is None:
             path = self._dir / name
-            await write_input(self._store, batch.id, path)
+            await write_requests(self._store, batch.id, path)
             self._fresh.discard(batch.id)  # from here its answer can be lost
             found = await self._api.upload(path, name)
             path.unlink(missing_ok=True)
@@ -213,14 +217,24 @@ class BatchEngine:
         return await self._reread(batch)
 
     async def _create(self, batch: Batch) -> Batch:
-        metadata = self._metadata(batch)
         found = None
         if batch.id not in self._fresh:
-            found = await self._api.find_batch(metadata, since=batch.created_at)
+            ours = await self._store.batches()
+            known = frozenset(b.provider_batch_id for b in ours if b.provider_batch_id)
+            found = await self._api.find_batch(self._key(batch), known=known)
         if found is None:
+            path = self._dir / self._filename(batch)
+            if not self._api.uploads:
+                batch = await self._write_requests(batch, path)
+                if batch.requests == 0:
+                    path.unlink(missing_ok=True)
+                    await self._store.close_batch(batch.id, "refused", {})
+                    return await self._reread(batch)
             self._fresh.discard(batch.id)
             try:
-                found = await self._api.create(str(batch.input_file_id), batch.endpoint, metadata)
+                found = await self._api.create(
+                    self._key(batch), input_file_id=batch.input_file_id, path=path
+                )
             except ProviderError as err:
                 if err.retryable or err.fatal or err.error_type == "rate_limit":
                     raise
@@ -228,14 +242,40 @@ class BatchEngine:
                 # error, by the error table.
                 await self._refused(batch, err)
                 return await self._reread(batch)
+            finally:
+                if not self._api.uploads:
+                    path.unlink(missing_ok=True)
         self._not_before.pop(batch.id, None)
         self._failures.pop(batch.id, None)
         await self._store.save_step(
-            batch.id, "created", provider_batch_id=found["id"], state=found.get("status")
-        )
+            batch.id, "created", provider_batch_id=found.id, state=found.state,
+            counts=found.counts,
+        )  # fmt: skip
         self.run_record.submitted.append(batch.id)
         self.run_record.submitted_lines += batch.requests
-        self._note(f"batch {batch.id}: created {found['id']} ({batch.requests:,} requests)")
+        self._note(f"batch {batch.id}: created {found.id} ({batch.requests:,} requests)")
+        return await self._reread(batch)
+
+    async def _write_requests(self, batch: Batch, path: Path) -> Batch:
+        """The batch's requests written to ``path`` for a create that carries them; a job
+        the provider cannot run (no faithful translation) is dead at once, out of the batch,
+        and the batch's count is what remains: written before the create, as its size is
+        what a lost creation is found again by."""
+        written = await write_requests(
+            self._store, batch.id, path, encode=self._api.encode(self._key(batch)),
+            frame=self._api.frame,
+        )  # fmt: skip
+        if written.refused:
+            jobs = await self._store.batch_jobs(batch.id)
+            now = self._wall()
+            block = [self._rules.failed(jobs[i], err, started=now) for i, err in written.refused]
+            await self._write(batch, block)
+            self._note(
+                f"batch {batch.id}: {len(block):,} of its requests refused; the first: "
+                f"{block[0].error_message}"
+            )
+        if written.requests != batch.requests:  # also after a crash between the two writes
+            await self._store.save_step(batch.id, requests=written.requests)
         return await self._reread(batch)
 
     async def _reread(self, batch: Batch) -> Batch:
@@ -246,13 +286,11 @@ class BatchEngine:
     async def _look(self, batch: Batch) -> None:
         """Poll the batch once; ingest it if it has ended, else look again later (backoff)."""
         polled = await self._api.get(str(batch.provider_batch_id))
-        state = polled.get("status")
-        counts = polled.get("request_counts") or {}
+        state, counts = polled.state, polled.counts
         if state != batch.state or counts != batch.counts:
             await self._store.save_step(
-                batch.id, state=state, counts=counts,
-                output_file_id=polled.get("output_file_id"),
-                error_file_id=polled.get("error_file_id"),
+                batch.id, state=state, counts=counts, output_file_id=polled.output_file_id,
+                error_file_id=polled.error_file_id,
             )  # fmt: skip
             self._poll_s[batch.id] = _POLL_FIRST_S
             done, failed = counts.get("completed", 0), counts.get("failed", 0)
@@ -260,7 +298,7 @@ class BatchEngine:
                 f"batch {batch.id} {batch.provider_batch_id}: {state}, "
                 f"{done:,}/{counts.get('total', batch.requests):,} done, {failed:,} failed"
             )
-        if state in TERMINAL:
+        if polled.ended:
             await self._ingest(await self._reread(batch), polled)
             return
         wait_s = self._poll_s.get(batch.id, _POLL_FIRST_S)
@@ -269,25 +307,27 @@ class BatchEngine:
 
     # -- ingest -----------------------------------------------------------------------------
 
-    async def _ingest(self, batch: Batch, polled: Mapping[str, Any]) -> None:
+    async def _ingest(self, batch: Batch, polled: Polled) -> None:
         """Every job of an ended batch to done, dead or the queue, as its lines say; a job
         no line names is queued again: missing (an expired batch lists its unfinished lines
         in the error file, so one in neither file is missing, and counted towards dead), or
-        cancelled or failed with its batch."""
+        cancelled or failed with its batch, or not ours (every line another batch's)."""
         jobs = await self._store.batch_jobs(batch.id)
         order = list(jobs)  # line N of the input file is the Nth job by id
         not_run: dict[str, list[int]] = {}
-        retried = 0
-        for file_id in (batch.output_file_id, batch.error_file_id):
-            if file_id:
-                retried += await self._read_file(batch, file_id, jobs, not_run)
+        retried, ours = await self._read_lines(batch, jobs, not_run)
         why = "cancelled" if batch.state == "cancelled" else "missing"
-        if batch.state == "failed" and over_token_limit(polled):
+        if not ours:
+            # Every line is another batch's: a lost creation was found again wrongly (a
+            # provider with no metadata, aiq.providers.anthropic_batches): no job's fault.
+            why = "not_ours"
+            self._note(f"batch {batch.id} {batch.provider_batch_id}: not this batch's lines")
+        elif batch.state == "failed" and over_token_limit(polled.raw):
             why = "token_limit"  # the account's enqueued tokens: a pace, not the jobs' fault
             self._pace()
         elif batch.state == "failed":
             why = "failed"
-            block = self._rules.invalid_lines(polled, jobs, order, started=batch.created_at)
+            block = self._rules.invalid_lines(polled.raw, jobs, order, started=batch.created_at)
             await self._write(batch, block)
             retried += sum(o.state == QUEUED for o in block)
         elif batch.state == "completed":
@@ -301,19 +341,25 @@ class BatchEngine:
         self.progress.dead_now += dead
         self._collected(batch, not_run, retried)
 
-    async def _read_file(
-        self, batch: Batch, file_id: str, jobs: dict[int, Job], not_run: dict[str, list[int]]
-    ) -> int:
-        """Ingest one output or error file, a block at a time, taking each line's job out
+    async def _read_lines(
+        self, batch: Batch, jobs: dict[int, Job], not_run: dict[str, list[int]]
+    ) -> tuple[int, bool]:
+        """Ingest the batch's result lines, a block at a time, taking each line's job out
         of ``jobs`` (a line whose job is not there was ingested before a crash, or is not
         this batch's). Lines that never ran are put in ``not_run``; returns how many lines
-        their own outcome queued again."""
-        retried = 0
+        their own outcome queued again, and whether the lines could be this batch's (any
+        names a job, or none came)."""
+        retried = foreign = named = 0
         block: list[Outcome] = []
-        async for raw in self._api.lines(file_id):
-            line = read_line(raw)
-            job = None if line is None or line.job_id is None else jobs.pop(line.job_id, None)
-            if job is None or line is None:
+        async for line in self._api.lines(batch, self._key(batch)):
+            if line is None:  # one file read: its lines in before the next is asked for
+                await self._write(batch, block)
+                block = []
+                continue
+            named += line.job_id is not None
+            foreign += line.job_id is None
+            job = None if line.job_id is None else jobs.pop(line.job_id, None)
+            if job is None:
                 continue
             result = self._rules.outcome(job, line, started=batch.created_at)
             if isinstance(result, str):
@@ -325,7 +371,7 @@ class BatchEngine:
                 await self._write(batch, block)
                 block = []
         await self._write(batch, block)
-        return retried
+        return retried, bool(named or not foreign)
 
     def _collected(self, batch: Batch, not_run: dict[str, list[int]], retried: int) -> None:
         """The batch is ingested: forget its pacing, and say what came back to the queue."""
@@ -356,18 +402,11 @@ class BatchEngine:
 
     async def _dead_oversized(self) -> None:
         """A request too big for any input file can never go by batch: dead at once."""
-        ids = await self._store.oversized(max_bytes=MAX_BYTES, overhead=LINE_OVERHEAD)
+        limits = self._api.limits
+        ids = await self._store.oversized(max_bytes=limits.max_bytes, overhead=limits.overhead)
         if not ids:
             return
-        now = self._wall()
-        block = [
-            Outcome(
-                i, DEAD, 0, started_at=now, finished_at=now, error_type="invalid_request",
-                error_message=f"request over {MAX_BYTES:,} bytes, the most a batch input "
-                "file holds: send it online (--via online)",
-            )
-            for i in ids
-        ]  # fmt: skip
+        block = oversized(ids, limits.max_bytes, now=self._wall())
         await self._store.record(block)
         self.progress.dead += len(block)
         self.progress.dead_now += len(block)

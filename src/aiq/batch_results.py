@@ -14,11 +14,12 @@ from .batch_records import Requeue
 from .outcomes import Health, RetryPolicy
 from .pricing import Price, price_for
 from .providers.base import ProviderError
-from .providers.openai import OpenAIProvider
+from .providers.batches import Answers
 from .records import DEAD, DONE, Job, Outcome
 from .run_records import Progress
 
-# A batch job is billed at half the list price (OpenAI's Batch API pricing).
+# A batch job is billed at half the list price (OpenAI's Batch API pricing; Anthropic's
+# Message Batches likewise: "50% of standard API prices").
 BATCH_SHARE = 0.5
 # Line errors that say the line never ran: queued again, no attempt spent.
 _NOT_RUN: dict[str, Requeue] = {"batch_expired": "expired", "batch_cancelled": "cancelled"}
@@ -44,7 +45,7 @@ class LineRules:
 
     def __init__(
         self,
-        answers: OpenAIProvider,
+        answers: Answers,
         *,
         prices: Mapping[str, Price],
         retry: RetryPolicy,
@@ -143,3 +144,15 @@ def count(progress: Progress, block: list[Outcome]) -> None:
             p.dead_now += 1
         else:
             p.retries += 1
+
+
+def oversized(ids: list[int], max_bytes: int, *, now: float) -> list[Outcome]:
+    """Jobs whose request alone is over what a batch holds: dead, nothing sent."""
+    message = (
+        f"request over {max_bytes:,} bytes, the most a batch holds: send it online (--via online)"
+    )
+    return [
+        Outcome(i, DEAD, 0, started_at=now, finished_at=now, error_type="invalid_request",
+                error_message=message)
+        for i in ids
+    ]  # fmt: skip

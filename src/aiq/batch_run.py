@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 
+from .batch_cancel import BatchCanceller
 from .batch_engine import BatchEngine
 from .batch_records import BatchRun
 from .config import Config
@@ -18,8 +19,8 @@ from .contract import StopReason
 from .database import rollback
 from .errors import FatalProviderError, UsageError
 from .outcomes import RetryPolicy
-from .providers.openai import OpenAIProvider
-from .providers.openai_batches import BatchApi
+from .providers.batches import BatchService
+from .providers.factory import BATCH_CLASSES, make_batch_service
 from .run_records import Progress
 from .store import JobStore
 
@@ -38,10 +39,11 @@ def check_via(config: Config) -> None:
             f"--via flex is OpenAI's flex tier; provider {config.provider} has none: use "
             "--via online"
         )
-    if config.via == "batch" and config.spec.api != "openai":
+    if config.via == "batch" and config.spec.api not in BATCH_CLASSES:
         raise UsageError(
             f"--via batch with provider {config.provider} is not built yet; it works with "
-            "OpenAI and OpenAI-compatible servers offering /v1/files and /v1/batches"
+            "OpenAI (and OpenAI-compatible servers offering /v1/files and /v1/batches) and "
+            "Anthropic's Message Batches"
         )
     if config.via == "batch" and config.spec.offline:
         raise UsageError("--via batch needs a real server: the simulated provider has no batches")
@@ -54,20 +56,13 @@ def check_via(config: Config) -> None:
 
 
 def _engine(
-    store: JobStore, config: Config, progress: Progress, note: Note
-) -> tuple[BatchEngine, BatchApi, httpx.AsyncBaseTransport]:
-    """The run's engine over ``store``, its API client and the transport under both."""
-    if not config.api_key and config.spec.needs_key(config.base_url):
-        raise UsageError(f"no API key: set {config.api_key_env}")
+    store: JobStore, config: Config, progress: Progress, note: Note, *, cancel: bool = False
+) -> tuple[BatchEngine, BatchService, httpx.AsyncBaseTransport]:
+    """The run's engine over ``store`` (with ``cancel``, aiq cancel's), its API client and
+    the transport under both."""
     transport = httpx.AsyncHTTPTransport(retries=0)
-    args = {
-        "base_url": config.base_url, "api_key": config.api_key,
-        "api_key_env": config.api_key_env, "extra_headers": config.extra_headers,
-        "connect_timeout_s": config.connect_timeout_s, "spec": config.spec,
-    }  # fmt: skip
-    api = BatchApi(transport, read_timeout_s=config.timeout_s, **args)  # type: ignore[arg-type]
-    answers = OpenAIProvider(transport, **args)  # type: ignore[arg-type]
-    engine = BatchEngine(
+    api, answers = make_batch_service(config, transport)
+    engine = (BatchCanceller if cancel else BatchEngine)(
         store, api, answers, provider=config.provider,
         files_dir=config.db.parent / "batches", progress=progress,
         prices=config.price_table,
@@ -79,12 +74,13 @@ def _engine(
 
 async def work_batches(
     store: JobStore, config: Config, progress: Progress, *, detach: bool, note: Note,
-    handle_signals: bool,
+    handle_signals: bool, cancel: bool = False,
 ) -> tuple[BatchRun, StopReason | None, FatalProviderError | None]:  # fmt: skip
-    """Run the batch engine over ``store``; what it did, why it stopped (a signal or
-    --max-runtime stops the waiting, leaving every batch recorded for resume), and the fatal
-    error that stopped it, if one did."""
-    engine, api, transport = _engine(store, config, progress, note)
+    """Run the batch engine over ``store`` (with ``cancel``: cancel and collect the open
+    batches, submitting nothing); what it did, why it stopped (a signal or --max-runtime
+    stops the waiting, leaving every batch recorded for resume), and the fatal error that
+    stopped it, if one did."""
+    engine, api, transport = _engine(store, config, progress, note, cancel=cancel)
     task = asyncio.ensure_future(engine.run(detach=detach))
     stops: list[StopReason] = []
 

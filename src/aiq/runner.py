@@ -138,19 +138,55 @@ async def run_batch(
     return summary
 
 
+async def cancel_batches(
+    config: Config,
+    *,
+    out: str | None = None,
+    dead: str | None = None,
+    handle_signals: bool = False,
+    lock_wait_s: float = 0.0,
+    on_note: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """``aiq cancel``: cancel the store's open provider batches, wait for them to end, and
+    collect them as a resume would (finished lines kept, the rest queued again at no
+    attempt; aiq.batch_cancel); nothing new is submitted. Then export, as a run does."""
+    from .batch_run import check_via
+
+    started = time.monotonic()
+    require_store(config.db)
+    async with StoreLock(config.db, wait_s=lock_wait_s) as lock, open_store(config.db) as store:
+        config, _ = await _ready(store, config, lock, None, out, dead, None)
+        # Whatever way the store sends now: its open batches are the batch engine's.
+        config = dataclasses.replace(config, via="batch", max_cost_usd=None)
+        check_via(config)
+        note = on_note or (lambda _: None)
+        if not await store.batches(open_only=True):
+            note("no open batches: nothing to cancel")
+        summary = await _batch_run(
+            store, config, None, out, dead, None, detach=False, note=note,
+            handle_signals=handle_signals, cancel=True,
+        )  # fmt: skip
+    summary.duration_s = time.monotonic() - started
+    if summary.fatal is not None:
+        raise FatalProviderError(str(summary.fatal), summary=summary)
+    return summary
+
+
 async def _batch_run(
     store: JobStore, config: Config, input_path: Path | None, out: str | None,
     dead: str | None, added: EnqueueCounts | None, *, detach: bool,
-    note: Callable[[str], None], handle_signals: bool,
+    note: Callable[[str], None], handle_signals: bool, cancel: bool = False,
 ) -> RunSummary:  # fmt: skip
-    """The run's jobs through the provider's batch engine, then exported as online."""
+    """The run's jobs through the provider's batch engine (or, with ``cancel``, the open
+    batches cancelled and collected), then exported as online."""
     from .batch_run import work_batches
 
     stats = await store.stats()
     progress = Progress(total=stats.total, done=stats.counts["done"], dead=stats.counts["dead"])
     batch, stopped, fatal = await work_batches(
-        store, config, progress, detach=detach, note=note, handle_signals=handle_signals
-    )
+        store, config, progress, detach=detach, note=note, handle_signals=handle_signals,
+        cancel=cancel,
+    )  # fmt: skip
     exports = await export_all(
         store, input_path, order=config.order, out=out, dead=dead, skip_unchanged=True
     )

@@ -11,8 +11,9 @@ As a process, for benchmarks (prints ``READY <port>`` once it listens, serves un
     python tests/fakeserver --port 0 --latency 0 [--rpm 6000 --limit-window 1 ...]
 
 The package, one job a module: ``replies`` (the 200 replies of each API, and how a request's
-text and tokens are read), ``anthropic`` (the Messages API's dialect), ``limits`` (the server's
-own sliding-window limiter), ``modes`` (rate limits as a given provider counts them, each
+text and tokens are read), ``anthropic`` (the Messages API's dialect), ``batches`` (OpenAI's
+Files and Batches API), ``message_batches`` (Anthropic's Message Batches), ``limits`` (the
+server's own sliding-window limiter), ``modes`` (rate limits as a given provider counts them, each
 citing its source), ``faults`` (refusals, rejects and per-attempt faults), ``exchange`` (a
 request while it is decided, and as it is logged), ``server`` (``FakeServer``), ``cli``.
 

@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--" + knob.replace("_", "-"), type=float, default=0.0)
     parser.add_argument("--hang", type=float, default=30.0, help="seconds a hang lasts")
     parser.add_argument(
-        "--batch-processing", type=float, default=0.0, help="seconds a batch takes to complete"
+        "--batch-processing",
+        type=float,
+        default=0.0,
+        help="seconds a batch (OpenAI or Anthropic) takes to complete",
     )
     args = parser.parse_args(argv)
     mode = None
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         **{knob: getattr(args, knob) for knob in rates},
     )
     server.batches.processing_s = args.batch_processing
+    server.message_batches.processing_s = args.batch_processing
 
     def ready(port: int) -> None:
         print(f"READY {port}", flush=True)

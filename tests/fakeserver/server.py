@@ -20,6 +20,7 @@ from . import anthropic, faults
 from .batches import Batches
 from .exchange import LoggedRequest, _Exchange, most_in_window
 from .limits import _RateLimiter
+from .message_batches import MessageBatches
 from .modes import Cost, Mode
 from .replies import (
     _BUILDERS,
@@ -133,6 +134,7 @@ class FakeServer:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.batches = Batches(self)  # the Files and Batches API, with its own knobs
+        self.message_batches = MessageBatches(self)  # Anthropic's Message Batches, likewise
 
     def _check_knobs(self) -> None:
         """Refuse settings that would make a test silently meaningless."""
@@ -195,6 +197,7 @@ class FakeServer:
         self._slots = asyncio.Semaphore(slots) if slots else None
         app = web.Application(client_max_size=1024**3)  # batch input files of up to 200 MB
         self.batches.routes(app)  # before the catch-all POST
+        self.message_batches.routes(app)
         app.router.add_post("/v1/{endpoint:.*}", self._handle_post)
         app.router.add_get("/v1/models", self._handle_models)
         # No access log: it costs more than the handler at benchmark rates. A short shutdown

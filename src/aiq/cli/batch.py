@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -51,6 +52,7 @@ from .options import (
 if TYPE_CHECKING:
     from ..config import Config
     from ..records import EnqueueCounts
+    from ..run_records import RunSummary
 
 
 def _print_counts(path: Path, c: EnqueueCounts, cfg: Config) -> None:
@@ -107,27 +109,33 @@ def _run(
     from .. import runner
 
     on_added = None if input_path is None else functools.partial(display.added, input_path)
+    _shown(
+        display,
+        runner.run_batch(
+            cfg,
+            input_path=input_path,
+            out=out,
+            dead=dead,
+            on_progress=display.progress,
+            on_added=on_added,
+            handle_signals=True,
+            lock_wait_s=wait,
+            detach=detach,
+            on_note=display.note,
+            on_attempt=display.on_attempt,
+        ),
+    )
+
+
+def _shown(display: Display, work: Coroutine[Any, Any, RunSummary]) -> None:
+    """Run ``work`` (a run's library call), show its summary, exit with its code."""
     try:
-        summary = sync(
-            runner.run_batch(
-                cfg,
-                input_path=input_path,
-                out=out,
-                dead=dead,
-                on_progress=display.progress,
-                on_added=on_added,
-                handle_signals=True,
-                lock_wait_s=wait,
-                detach=detach,
-                on_note=display.note,
-                on_attempt=display.on_attempt,
-            )
-        )
+        summary = sync(work)
         display.summary(summary)
     except AiqError as exc:
-        from ..run_records import RunSummary
+        from ..run_records import RunSummary as Summary  # not loaded before it is needed
 
-        if isinstance(exc.summary, RunSummary):
+        if isinstance(exc.summary, Summary):
             display.summary(exc.summary)
         display.error(str(exc), exc.exit_code)
         raise
@@ -250,5 +258,37 @@ def resume(
         )  # fmt: skip
         display = Display(quiet, as_json, log_file, _log_format(log_format))
         _run(None, cfg, out, dead, display, wait, detach)
+
+    guard(traceback, body)
+
+
+def cancel(
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    out: OutOpt = None,
+    dead: DeadOpt = None,
+    base_url: BaseUrlOpt = None,
+    quiet: QuietOpt = False,
+    as_json: JsonOpt = False,
+    wait: WaitOpt = 0.0,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Cancel the store's open provider batches (--via batch), collect what they finished
+    and put the rest back in the queue at no attempt; export outputs.
+
+    Nothing new is submitted: `aiq resume` sends what is queued (--via online to send it
+    online).
+    """
+
+    def body() -> None:
+        from .. import runner
+
+        _check_wait(wait)
+        cfg = load_config(db, config, base_url=base_url)
+        display = Display(quiet, as_json, None)
+        work = runner.cancel_batches(
+            cfg, out=out, dead=dead, handle_signals=True, lock_wait_s=wait, on_note=display.note
+        )
+        _shown(display, work)
 
     guard(traceback, body)

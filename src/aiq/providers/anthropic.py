@@ -12,6 +12,7 @@ from typing import ClassVar
 import httpx
 import orjson
 
+from ..ratelimit_headers import RateLimitInfo
 from ..registry import ANTHROPIC, ANTHROPIC_MAX_TOKENS, ANTHROPIC_VERSION, ProviderSpec
 from ..stops import anthropic_stop
 from ..usage import anthropic_usage
@@ -53,10 +54,24 @@ class AnthropicProvider(HttpProvider):
         resp, raw = await exchange(self._transport, request, base=self._base)
         if resp.status_code != 200:
             raise self._error(resp, raw)
-        return _reply(resp, raw, self._secret, self._spec.request_id_header)
+        request_id, limits = reply_headers(resp.headers, self._spec.request_id_header)
+        return _reply(raw, self._secret, request_id, limits)
+
+    def answer(
+        self, endpoint: str, status_code: int, content: bytes, request_id: str | None = None
+    ) -> Reply:
+        """A reply that came some other way (a Message Batches result: a ``succeeded``
+        line's message as a 200, an ``errored`` line's error with its status), read exactly
+        as :meth:`send` reads one: the Reply, or the classified ProviderError."""
+        if status_code != 200:
+            headers = {self._spec.request_id_header.decode(): request_id} if request_id else None
+            raise self._error(httpx.Response(status_code, headers=headers), content)
+        return _reply(content, self._secret, request_id, None)
 
 
-def _reply(resp: httpx.Response, raw: bytes, secret: str | None, id_header: bytes) -> Reply:
+def _reply(
+    raw: bytes, secret: str | None, request_id: str | None, limits: RateLimitInfo | None
+) -> Reply:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -69,7 +84,6 @@ def _reply(resp: httpx.Response, raw: bytes, secret: str | None, id_header: byte
             status_code=200,
             retryable=True,
         )
-    request_id, limits = reply_headers(resp.headers, id_header)
     usage = anthropic_usage(data.get("usage"))
     limited_in = None
     if usage is not None:

@@ -4,7 +4,7 @@ Not imported by ``aiq.providers`` itself: it loads aiohttp, which only a run nee
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
@@ -13,9 +13,13 @@ from ..errors import UsageError
 from ..registry import spec_for
 from ..transport import AiohttpTransport
 from .anthropic import AnthropicProvider
+from .anthropic_batches import AnthropicBatchApi
 from .base import Provider
+from .batch_http import BatchHttp
+from .batches import Answers, BatchService
 from .http import HttpProvider
 from .openai import OpenAIProvider
+from .openai_batches import BatchApi
 from .simulated import SimulatedTransport
 
 if TYPE_CHECKING:
@@ -26,6 +30,36 @@ CLASSES: dict[Api, type[HttpProvider]] = {
     "openai": OpenAIProvider,
     "anthropic": AnthropicProvider,
 }
+
+# The batch API of each wire format that has one (``--via batch``).
+BATCH_CLASSES: dict[Api, type[BatchHttp]] = {
+    "openai": BatchApi,
+    "anthropic": AnthropicBatchApi,
+}
+
+
+def make_batch_service(
+    config: Config, transport: httpx.AsyncBaseTransport
+) -> tuple[BatchService, Answers]:
+    """The batch API of ``config``'s provider over ``transport``, and its online class, which
+    reads each result line's reply exactly as an online call's. UsageError for no key where
+    the provider's own service needs one."""
+    spec = spec_for(config.provider)
+    if not config.api_key and spec.needs_key(config.base_url):
+        raise UsageError(f"no API key: set {config.api_key_env}")
+    args: dict[str, Any] = {
+        "base_url": config.base_url, "api_key": config.api_key,
+        "api_key_env": config.api_key_env, "extra_headers": config.extra_headers,
+        "connect_timeout_s": config.connect_timeout_s, "spec": spec,
+    }  # fmt: skip
+    tokens = config.max_tokens
+    service = BATCH_CLASSES[spec.api](
+        transport, read_timeout_s=config.timeout_s, default_max_tokens=tokens, **args
+    )
+    answers = CLASSES[spec.api](transport, default_max_tokens=tokens, **args)
+    # Each class of a format with a batch API implements both interfaces (mypy cannot see
+    # it through the tables).
+    return cast(BatchService, service), cast(Answers, answers)
 
 
 def make_provider(config: Config, *, pool_size: int) -> tuple[Provider, httpx.AsyncBaseTransport]:

@@ -6,8 +6,12 @@ Every failure is a classified ProviderError by the same table as an online call.
 stream both ways: an input file is read from disk in chunks as it is sent, and an output
 file is read a line at a time, so 200 MB never sit in memory.
 
-The transport is httpx's own (``httpx.AsyncHTTPTransport``), not aiq's aiohttp one: these
-are a few calls per batch, and only httpx's streams request and response bodies.
+An input line is ``{"custom_id", "method", "url", "body"}``; its custom_id is aiq's job id
+(``aiq-<id>``), not the user's: jobs are deduplicated, one request may stand for several
+custom_ids, and a batch needs its own unique within the file. An output line is ``{"id",
+"custom_id", "response": {"status_code", "request_id", "body"}, "error"}``; an error file's
+lines are the same, with a response that failed or an ``error`` (``batch_expired``...).
+A batch is found again by its metadata, which names the store and the batch.
 """
 
 from __future__ import annotations
@@ -16,77 +20,101 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
-from ..registry import OPENAI, ProviderSpec, endpoint_url
-from .base import ProviderError
-from .failures import error_from, secret_of
+from ..batch_records import JSONL, TERMINAL, Batch, BatchKey, Limits, Line, Polled
+from .batch_http import BatchHttp
+from .batches import Encode
 
+# The most a provider takes in one input file (OpenAI: 50,000 requests and 200 MB).
+MAX_REQUESTS = 50_000
+MAX_BYTES = 200 * 1000 * 1000
+# A line's bytes besides its body: the custom_id, method and url around it (an endpoint of
+# up to ~40 characters and a job id of up to 19 digits), rounded up.
+LINE_OVERHEAD = 120
 # How far back a lost upload or creation is looked for, before the batch was planned: the
 # provider's clock and ours may differ, and a list is newest first.
 _LOOK_BACK_S = 3600.0
+_PREFIX = "aiq-"
 
 
-class BatchApi:
-    """One account's Files and Batches endpoints at ``base_url``; close with :meth:`aclose`."""
+def custom_id(job_id: int) -> str:
+    return f"{_PREFIX}{job_id}"
 
-    def __init__(
-        self,
-        transport: httpx.AsyncBaseTransport,
-        *,
-        base_url: str,
-        api_key: str | None,
-        api_key_env: str | None = None,
-        extra_headers: Mapping[str, str] | None = None,
-        connect_timeout_s: float = 10.0,
-        read_timeout_s: float = 600.0,
-        spec: ProviderSpec = OPENAI,
-    ) -> None:
-        self._spec = spec
-        self._base = spec.root(base_url)
-        self._key_env = api_key_env or spec.key_env
-        self._secret = secret_of(api_key)
-        headers = spec.headers(api_key, extra_headers)
-        headers.pop("content-type", None)  # each request says its own (JSON or multipart)
-        self._client = httpx.AsyncClient(
-            transport=transport,
-            headers=headers,
-            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-        )
 
-    async def aclose(self) -> None:
-        await self._client.aclose()
+def job_id_of(custom_id: object) -> int | None:
+    """The job of a line's custom_id, or None for one aiq did not write."""
+    if isinstance(custom_id, str) and custom_id.startswith(_PREFIX):
+        digits = custom_id[len(_PREFIX) :]
+        if digits.isdigit():
+            return int(digits)
+    return None
 
-    def _url(self, path: str) -> str:
-        return endpoint_url(self._base, path)
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        """One call's JSON answer, or its classified ProviderError."""
-        try:
-            resp = await self._client.request(method, self._url(path), **kwargs)
-        except httpx.TimeoutException as exc:
-            raise ProviderError("timeout", f"{method} {path}: no answer ({exc!r})") from None
-        except httpx.TransportError as exc:
-            raise ProviderError("connection", f"{method} {path}: {exc!r}", retryable=True) from None
-        if resp.status_code != 200:
-            raise self._error(resp, resp.content)
-        try:
-            data = orjson.loads(resp.content)
-        except orjson.JSONDecodeError:
-            data = None
-        if not isinstance(data, dict):
-            raise ProviderError(
-                "bad_response", f"{method} {path}: HTTP 200 without a JSON object",
-                status_code=200, retryable=True,
-            )  # fmt: skip
-        return data
+def openai_line(job_id: int, endpoint: str, body: bytes) -> bytes:
+    """An OpenAI input file's line (without its newline)."""
+    return b'{"custom_id":"%b","method":"POST","url":%b,"body":%b}' % (
+        custom_id(job_id).encode(), orjson.dumps(endpoint), body,
+    )  # fmt: skip
 
-    def _error(self, resp: httpx.Response, content: bytes) -> ProviderError:
-        return error_from(
-            resp, content, key_env=self._key_env, secret=self._secret,
-            code_keys=self._spec.code_keys,
-        )  # fmt: skip
+
+def read_line(raw: bytes) -> Line | None:
+    """A line of an output or error file; None for one that is not a JSON object."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    response = data.get("response")
+    error = data.get("error")
+    status = body = request_id = None
+    if isinstance(response, dict):
+        status = response.get("status_code")
+        request_id = response.get("request_id")
+        body = response.get("body")
+    code = message = None
+    if isinstance(error, dict):
+        code, message = _text(error.get("code")), _text(error.get("message"))
+    return Line(
+        job_id_of(data.get("custom_id")),
+        status if isinstance(status, int) else None,
+        _text(request_id),
+        b"" if body is None else orjson.dumps(body),
+        code,
+        message,
+    )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def metadata(key: BatchKey) -> dict[str, str]:
+    return {"aiq_store": key.tag, "aiq_batch": str(key.batch_id)}
+
+
+def polled(obj: Mapping[str, Any]) -> Polled:
+    """A Batch object in aiq's terms."""
+    state = str(obj.get("status"))
+    counts = {k: v for k, v in (obj.get("request_counts") or {}).items() if isinstance(v, int)}
+    return Polled(
+        id=str(obj.get("id")), state=state, counts=counts, ended=state in TERMINAL,
+        raw=dict(obj), output_file_id=obj.get("output_file_id"),
+        error_file_id=obj.get("error_file_id"),
+    )  # fmt: skip
+
+
+class BatchApi(BatchHttp):
+    """OpenAI's batch API (aiq.providers.batches.BatchService): files uploaded, then a
+    batch created from one."""
+
+    limits = Limits(MAX_REQUESTS, MAX_BYTES, LINE_OVERHEAD)
+    uploads = True
+    frame = JSONL
+
+    def encode(self, key: BatchKey) -> Encode:
+        return openai_line
 
     # -- files ------------------------------------------------------------------------------
 
@@ -117,58 +145,49 @@ class BatchApi:
                 return None
             after = data[-1].get("id")
 
-    async def lines(self, file_id: str) -> AsyncIterator[bytes]:
+    async def file_lines(self, file_id: str) -> AsyncIterator[bytes]:
         """A file's content (``GET /v1/files/{id}/content``), one line at a time."""
-        path = f"/v1/files/{file_id}/content"
-        try:
-            async with self._client.stream("GET", self._url(path)) as resp:
-                if resp.status_code != 200:
-                    raise self._error(resp, await resp.aread())
-                pending = b""
-                async for chunk in resp.aiter_bytes():
-                    pending += chunk
-                    *whole, pending = pending.split(b"\n")
-                    for line in whole:
-                        if line.strip():
-                            yield line
-                if pending.strip():
-                    yield pending
-        except httpx.TimeoutException as exc:
-            raise ProviderError("timeout", f"GET {path}: no answer ({exc!r})") from None
-        except httpx.TransportError as exc:
-            raise ProviderError("connection", f"GET {path}: {exc!r}", retryable=True) from None
+        async for line in self._stream_lines(f"/v1/files/{file_id}/content"):
+            yield line
+
+    async def lines(self, batch: Batch, key: BatchKey) -> AsyncIterator[Line | None]:
+        """The output file's lines, then (after a None) the error file's."""
+        for file_id in (batch.output_file_id, batch.error_file_id):
+            if file_id:
+                async for raw in self.file_lines(file_id):
+                    line = read_line(raw)
+                    if line is not None:
+                        yield line
+                yield None
 
     # -- batches ------------------------------------------------------------------------
 
-    async def create(
-        self, input_file_id: str, endpoint: str, metadata: Mapping[str, str]
-    ) -> dict[str, Any]:
-        """``POST /v1/batches`` with a 24 h window; the Batch."""
+    async def create(self, key: BatchKey, *, input_file_id: str | None, path: Path) -> Polled:
+        """``POST /v1/batches`` of the uploaded file, with a 24 h window and the metadata
+        naming the store and the batch."""
         body = {
             "input_file_id": input_file_id,
-            "endpoint": endpoint,
+            "endpoint": key.endpoint,
             "completion_window": "24h",
-            "metadata": dict(metadata),
+            "metadata": metadata(key),
         }
-        return await self._call(
-            "POST", "/v1/batches", content=orjson.dumps(body),
-            headers={"content-type": "application/json"},
-        )  # fmt: skip
+        headers = {"content-type": "application/json"}
+        content = orjson.dumps(body)
+        return polled(await self._call("POST", "/v1/batches", content=content, headers=headers))
 
-    async def get(self, batch_id: str) -> dict[str, Any]:
+    async def get(self, batch_id: str) -> Polled:
         """``GET /v1/batches/{id}``."""
-        return await self._call("GET", f"/v1/batches/{batch_id}")
+        return polled(await self._call("GET", f"/v1/batches/{batch_id}"))
 
-    async def cancel(self, batch_id: str) -> dict[str, Any]:
+    async def cancel(self, batch_id: str) -> Polled:
         """``POST /v1/batches/{id}/cancel``: ``cancelling``, then ``cancelled``."""
-        return await self._call("POST", f"/v1/batches/{batch_id}/cancel")
+        return polled(await self._call("POST", f"/v1/batches/{batch_id}/cancel"))
 
-    async def find_batch(
-        self, metadata: Mapping[str, str], *, since: float
-    ) -> dict[str, Any] | None:
-        """The batch whose metadata holds every pair of ``metadata``, created after ``since``
-        (less a margin), from ``GET /v1/batches`` (newest first): how a creation whose answer
-        was lost is found again."""
+    async def find_batch(self, key: BatchKey, *, known: frozenset[str]) -> Polled | None:
+        """The batch whose metadata names ``key``'s store and batch, created after it was
+        planned (less a margin), from ``GET /v1/batches`` (newest first): how a creation
+        whose answer was lost is found again."""
+        wanted = metadata(key)
         after: str | None = None
         while True:
             params: dict[str, Any] = {"limit": 100}
@@ -178,9 +197,10 @@ class BatchApi:
             data = page.get("data") or []
             for b in data:
                 meta = b.get("metadata") or {}
-                if all(meta.get(k) == v for k, v in metadata.items()):
-                    return b
-            older = any((b.get("created_at") or 0) < since - _LOOK_BACK_S for b in data)
+                if all(meta.get(k) == v for k, v in wanted.items()):
+                    return polled(b)
+            oldest = key.planned_at - _LOOK_BACK_S
+            older = any((b.get("created_at") or 0) < oldest for b in data)
             if not data or older or not page.get("has_more"):
                 return None
             after = data[-1].get("id")
