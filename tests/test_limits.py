@@ -231,9 +231,9 @@ def test_jobs_a_limiter_deferred_are_due_again_when_the_next_run_starts(tmp_path
 
 
 def test_the_lower_reported_limit_wins_with_concurrency_auto(tmp_path: Path) -> None:
-    """Told 1,200/min against a server that says 300: every sender of `auto` could hold a
-    slot at 1,200/min when the first reply came; they are paced again at 300."""
-    rpm, n = 300, 40  # 5/s: 8 s at the lower limit, 2 s at the higher
+    """Told 1,200/min against a server that says 600: every sender of `auto` could hold a
+    slot at 1,200/min when the first reply came; they are paced again at 600."""
+    rpm, n = 600, 40  # 10/s: 4 s at the lower limit, 2 s at the higher
     write_prompts(tmp_path / "p.jsonl", [(f"a{i}", f"auto prompt {i}") for i in range(n)])
     with FakeServer(rpm=rpm, latency_s=0.05) as server:
         args = ["--base-url", server.base_url, "--model", "m", "--rpm", "1200"]
