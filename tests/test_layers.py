@@ -269,7 +269,8 @@ def _cli(*args: str) -> str:
 def test_help_loads_no_engine_and_no_config_reader(tmp_path: Path) -> None:
     mods = loaded(_cli("--help"), tmp_path)
     assert "typer" in mods
-    unused = {"aiosqlite", "httpx", "aiohttp", "yaml", "aiq.runner", "aiq.store"} & mods
+    unused = {"aiosqlite", "httpx", "aiohttp", "yaml", "aiq.runner", "aiq.store_commands"}
+    unused = (unused | {"aiq.store"}) & mods
     assert not unused, sorted(unused)
 
 
@@ -281,7 +282,7 @@ def test_status_loads_no_http_client_and_no_renderer(tmp_path: Path) -> None:
     )  # fmt: skip
     assert (tmp_path / ".aiq" / "aiq.db").exists()
     mods = loaded(_cli("status"), tmp_path)
-    assert {"aiq.runner", "aiosqlite"} <= mods  # it did read the store
-    engine = {"aiq.worker", "aiq.limiter", "aiq.limiters"}
+    assert {"aiq.store_commands", "aiosqlite"} <= mods  # it did read the store
+    engine = {"aiq.runner", "aiq.online_run", "aiq.worker", "aiq.limiter", "aiq.limiters"}
     unused = {"httpx", "aiohttp", "yaml", "rich", *engine} & mods
     assert not unused, sorted(unused)

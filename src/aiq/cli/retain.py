@@ -48,7 +48,7 @@ def prune(
     """
 
     def body() -> None:
-        from .. import report, runner
+        from .. import report, store_commands
         from ..durations import parse_age
 
         if not wait >= 0:  # NaN too
@@ -59,7 +59,7 @@ def prune(
         except ValueError as exc:
             raise UsageError(f"{exc} (--done-older-than, --dead-older-than)") from None
         pruned = sync(
-            runner.prune_store(
+            store_commands.prune_store(
                 load_config(db, config), done_older_than_s=done_s, dead_older_than_s=dead_s,
                 keep_results=keep_results, forget=forget, lock_wait_s=wait,
             )
