@@ -81,35 +81,37 @@ async def run_batch(
 
     check_via(config)
     started = time.monotonic()
-    if input_path is None:
-        require_store(config.db)  # resume
-    else:
-        read_requests(input_path, config.defaults).check()  # before any store is made
+    _check_input(config, input_path)
     metrics = MetricsWriter(config.metrics_file) if config.metrics_file else None
     with no_store_left_on_bad_input(config.db):
         async with StoreLock(config.db, wait_s=lock_wait_s) as lock, open_store(config.db) as store:
             config, added = await _ready(store, config, lock, input_path, out, dead, on_added)
             await _check_engine(store, config, detach=detach, on_note=on_note)
             if config.via == "batch":
-                summary = await _batch_run(
+                summary, fatal = await _batch_run(
                     store, config, input_path, out, dead, added, detach=detach,
                     note=on_note or (lambda _: None), handle_signals=handle_signals,
                 )  # fmt: skip
-                summary.duration_s = time.monotonic() - started
-                if summary.fatal is not None:
-                    raise FatalProviderError(str(summary.fatal), summary=summary)
-                return summary
-            from .online_run import run_online
+            else:
+                from .online_run import run_online
 
-            summary, fatal = await run_online(
-                store, config, input_path, added, out=out, dead=dead, on_progress=on_progress,
-                progress_interval_s=progress_interval_s, handle_signals=handle_signals,
-                on_attempt=on_attempt, metrics=metrics,
-            )  # fmt: skip
+                summary, fatal = await run_online(
+                    store, config, input_path, added, out=out, dead=dead,
+                    on_progress=on_progress, progress_interval_s=progress_interval_s,
+                    handle_signals=handle_signals, on_attempt=on_attempt, metrics=metrics,
+                )  # fmt: skip
     summary.duration_s = time.monotonic() - started
     if fatal is not None:
         raise fatal
     return summary
+
+
+def _check_input(config: Config, input_path: Path | None) -> None:
+    """Before any store is made: the file's lines well formed, or, for a resume, a store."""
+    if input_path is None:
+        require_store(config.db)
+    else:
+        read_requests(input_path, config.defaults).check()
 
 
 async def _check_engine(
@@ -133,8 +135,9 @@ async def _batch_run(
     store: JobStore, config: Config, input_path: Path | None, out: str | None,
     dead: str | None, added: EnqueueCounts | None, *, detach: bool,
     note: Callable[[str], None], handle_signals: bool,
-) -> RunSummary:  # fmt: skip
-    """The run's jobs through the provider's batch engine, then exported as online."""
+) -> tuple[RunSummary, FatalProviderError | None]:  # fmt: skip
+    """The run's jobs through the provider's batch engine, then exported as online; the
+    summary, and the error to raise for a fatal stop."""
     from .batch_run import work_batches
 
     stats = await store.stats()
@@ -148,10 +151,11 @@ async def _batch_run(
     stats = await store.stats()
     if stopped in ("interrupted", "limit") and not stats.remaining:
         stopped = None  # every job had finished by the time it stopped: a finished run
-    return RunSummary(
+    summary = RunSummary(
         added=added, progress=progress, stats=stats, exports=exports,
         stopped=stopped, on_truncated=config.on_truncated, batch=batch, fatal=fatal,
     )  # fmt: skip
+    return summary, None if fatal is None else FatalProviderError(str(fatal), summary=summary)
 
 
 async def _ready(
