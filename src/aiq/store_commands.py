@@ -6,24 +6,29 @@ open the store read-only, so they work while a run holds it.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from . import inspection
 from .config import Config
 from .database import require_store
 from .lock import StoreLock, run_state
-from .outputs import export_all
-from .overrides import parse_sets
 from .records import Replayed, Stats
-from .replay import replay
 from .retention import Pruned, prune, store_size, vacuum
-from .run_records import Export
 from .store import open_store
+
+if TYPE_CHECKING:
+    from . import inspection
+    from .run_records import Export
+
+# What one command uses and `status` does not (the exporter, replay with its body checks,
+# the inspection reads) is imported inside it: status starts that much sooner.
 
 
 async def export_outputs(
     config: Config, *, out: str | None = None, dead: str | None = None
 ) -> list[Export]:
     """``aiq export``: rewrite every input file's results and dead letters from the store."""
+    from .outputs import export_all
+
     async with open_store(config.db, readonly=True) as store:
         return await export_all(store, None, order=config.order, out=out, dead=dead)
 
@@ -42,6 +47,8 @@ async def dead_errors(
     config: Config, *, error_type: str | None = None, limit: int = 5
 ) -> list[inspection.DeadType]:
     """``aiq errors``: read-only, so it works while a run holds the store."""
+    from . import inspection
+
     require_store(config.db)
     async with open_store(config.db, readonly=True) as store:
         return await inspection.dead_errors(store, error_type=error_type, limit=limit)
@@ -49,6 +56,8 @@ async def dead_errors(
 
 async def show_job(config: Config, custom_id: str) -> list[inspection.Shown]:
     """``aiq show``: read-only, so it works while a run holds the store."""
+    from . import inspection
+
     require_store(config.db)
     async with open_store(config.db, readonly=True) as store:
         return await inspection.show(store, custom_id)
@@ -67,6 +76,9 @@ async def replay_dead(
     fields changed; UsageError, and nothing replayed, for a filter that names what the store
     does not have or a change that makes a body invalid (see replay.replay). ``dry_run``:
     what it would do, the store unchanged."""
+    from .overrides import parse_sets
+    from .replay import replay
+
     changes = parse_sets(sets)
     require_store(config.db)
     async with open_store(config.db, readonly=dry_run) as store:
