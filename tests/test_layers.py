@@ -284,5 +284,7 @@ def test_status_loads_no_http_client_and_no_renderer(tmp_path: Path) -> None:
     mods = loaded(_cli("status"), tmp_path)
     assert {"aiq.store_commands", "aiosqlite"} <= mods  # it did read the store
     engine = {"aiq.runner", "aiq.online_run", "aiq.worker", "aiq.limiter", "aiq.limiters"}
+    # nor what other commands read: a run's records, the forecast, the exporter, replay
+    engine |= {"aiq.run_records", "aiq.forecast", "aiq.outputs", "aiq.replay", "aiq.inspection"}
     unused = {"httpx", "aiohttp", "yaml", "rich", *engine} & mods
     assert not unused, sorted(unused)

@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .durations import fmt_duration
 from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
 from .records import EnqueueCounts, Pruned, Replayed, Stats
 from .report_batches import batch_lines, batch_run_line
-from .run_records import Export, Progress, RunSummary
 from .text import plural, size_text, usd
 from .usage import TokenKinds
+
+if TYPE_CHECKING:  # only read here: `status` then loads none of a run's records
+    from .run_records import Export, Progress, RunSummary
 
 _WITHHELD = DEFAULT_NAMES[WITHHELD_TEMPERATURE]
 
