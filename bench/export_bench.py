@@ -28,7 +28,7 @@ def child(db: str) -> None:
     """One export, in this process; prints seconds and peak RSS as JSON."""
     sys.path.insert(0, str(ROOT / "src"))
     from aiq.config import Config
-    from aiq.runner import export_outputs
+    from aiq.store_commands import export_outputs
 
     started = time.perf_counter()
     exports = asyncio.run(export_outputs(Config(db=Path(db))))

@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from aiq import tallies  # noqa: E402
+from aiq.bulk import jobs_sql  # noqa: E402
 from aiq.database import _statements  # noqa: E402
-from aiq.enqueue import add_lines, jobs_sql  # noqa: E402
+from aiq.enqueue import add_lines  # noqa: E402
 from aiq.inputs import Defaults, custom_id_hash, parse_line  # noqa: E402
 from aiq.migrations import MIGRATIONS  # noqa: E402
 from aiq.records import DONE, Outcome  # noqa: E402

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from aiq import enqueue
+from aiq import bulk
 from aiq.contract import JobState
 from aiq.enqueue import add_file, add_lines
 from aiq.inputs import BadLine, Defaults, Request
@@ -68,9 +68,9 @@ def items(db: Path) -> dict[str, str]:
 @pytest.fixture
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Several batches, statements and commits even for a few dozen lines."""
-    monkeypatch.setattr(enqueue, "ENQUEUE_BATCH", 7)
-    monkeypatch.setattr(enqueue, "ROWS_PER_INSERT", 3)
-    monkeypatch.setattr(enqueue, "LINES_PER_COMMIT", 10)
+    monkeypatch.setattr(bulk, "ENQUEUE_BATCH", 7)
+    monkeypatch.setattr(bulk, "ROWS_PER_INSERT", 3)
+    monkeypatch.setattr(bulk, "LINES_PER_COMMIT", 10)
 
 
 def test_first_add_counts_and_stores(tmp_path: Path) -> None:

@@ -20,6 +20,20 @@ def aiq(*args: str, cwd: Path) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def test_the_command_list_shows_every_summary_whole(tmp_path: Path) -> None:
+    # plain help (click's) cuts a summary at ~45 characters with "..." unless it is given whole
+    from aiq.cli import app
+
+    code, out, _ = aiq("--help", cwd=tmp_path)
+    assert code == 0 and not BOX.search(out), out
+    listed = " ".join(out.split("Commands:")[1].split())
+    for command in app.registered_commands:
+        assert command.callback is not None
+        summary = (command.callback.__doc__ or "").strip().splitlines()[0]
+        assert f"{command.name or command.callback.__name__} {summary}" in listed, summary
+    assert "..." not in listed
+
+
 def test_run_help_shows_flags_as_flags_and_the_file_argument(tmp_path: Path) -> None:
     code, out, _ = aiq("run", "--help", cwd=tmp_path)
     assert code == 0
@@ -88,3 +102,4 @@ def test_a_negative_wait_is_refused(tmp_path: Path, command: str, wait: str) -> 
 def test_bare_aiq_prints_the_help(tmp_path: Path) -> None:
     code, out, err = aiq(cwd=tmp_path)
     assert code == 2 and "Usage: " in out + err and "error:" not in err
+    assert "Commands:" in out and "replay-dead" in out

@@ -26,7 +26,7 @@ import aiq
 SRC = Path(aiq.__file__).parent
 
 # The views: they render records, so they import records, never what produces them.
-VIEWS = ("aiq.progress", "aiq.metrics", "aiq.report")
+VIEWS = ("aiq.progress", "aiq.metrics", "aiq.report", "aiq.report_batches", "aiq.report_forecast")
 # Third-party packages of the engine (the store, the HTTP clients): a module importing one is
 # below the library's records and above none of the views.
 ENGINE_PACKAGES = frozenset({"aiosqlite", "httpx", "aiohttp"})
@@ -269,7 +269,8 @@ def _cli(*args: str) -> str:
 def test_help_loads_no_engine_and_no_config_reader(tmp_path: Path) -> None:
     mods = loaded(_cli("--help"), tmp_path)
     assert "typer" in mods
-    unused = {"aiosqlite", "httpx", "aiohttp", "yaml", "aiq.runner", "aiq.store"} & mods
+    unused = {"aiosqlite", "httpx", "aiohttp", "yaml", "aiq.runner", "aiq.store_commands"}
+    unused = (unused | {"aiq.store", "rich", "typer.rich_utils"}) & mods  # plain help
     assert not unused, sorted(unused)
 
 
@@ -281,7 +282,9 @@ def test_status_loads_no_http_client_and_no_renderer(tmp_path: Path) -> None:
     )  # fmt: skip
     assert (tmp_path / ".aiq" / "aiq.db").exists()
     mods = loaded(_cli("status"), tmp_path)
-    assert {"aiq.runner", "aiosqlite"} <= mods  # it did read the store
-    engine = {"aiq.worker", "aiq.limiter", "aiq.limiters"}
+    assert {"aiq.store_commands", "aiosqlite"} <= mods  # it did read the store
+    engine = {"aiq.runner", "aiq.online_run", "aiq.worker", "aiq.limiter", "aiq.limiters"}
+    # nor what other commands read: a run's records, the forecast, the exporter, replay
+    engine |= {"aiq.run_records", "aiq.forecast", "aiq.outputs", "aiq.replay", "aiq.inspection"}
     unused = {"httpx", "aiohttp", "yaml", "rich", *engine} & mods
     assert not unused, sorted(unused)

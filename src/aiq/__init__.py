@@ -71,14 +71,14 @@ _EXPORTS = {
     "RunSummary": "run_records",
     "add_file": "runner",
     "cancel_batches": "runner",
-    "dead_errors": "runner",
-    "export_outputs": "runner",
-    "prune_store": "runner",
-    "replay_dead": "runner",
     "run_batch": "runner",
-    "show_job": "runner",
-    "store_status": "runner",
     "JobStore": "store",
+    "dead_errors": "store_commands",
+    "export_outputs": "store_commands",
+    "prune_store": "store_commands",
+    "replay_dead": "store_commands",
+    "show_job": "store_commands",
+    "store_status": "store_commands",
     "Usage": "usage",
     "RetryPolicy": "worker",
     "Worker": "worker",
@@ -139,18 +139,16 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     from .records import EnqueueCounts, ModelUsage, Pruned, Replayed, Stats, Target
     from .requestfile import read_requests
     from .run_records import Export, Progress, RunSummary
-    from .runner import (
-        add_file,
-        cancel_batches,
+    from .runner import add_file, cancel_batches, run_batch
+    from .store import JobStore
+    from .store_commands import (
         dead_errors,
         export_outputs,
         prune_store,
         replay_dead,
-        run_batch,
         show_job,
         store_status,
     )
-    from .store import JobStore
     from .usage import Usage
     from .worker import RetryPolicy, Worker
 

@@ -157,6 +157,22 @@ async def show(store: JobStore, custom_id: str) -> list[Shown]:
 
 
 async def _shown(store: JobStore, row: dict[str, Any], kept_since: float | None) -> Shown:
+    first = row["first_attempt_at"]
+    return Shown(
+        custom_id=row["custom_id"],
+        file=row["source"].path,
+        line_no=row["line_no"],
+        line=_parsed(row["line"]),
+        job=_job(row),
+        request={"method": "POST", "url": row["endpoint"], "body": _parsed(row["body"])},
+        reply=None if row["response"] is None else _parsed(row["response"]),
+        errors=await _failures(store, row),
+        errors_complete=kept_since is not None and (first is None or first >= kept_since),
+    )
+
+
+async def _failures(store: JobStore, row: dict[str, Any]) -> list[Failure]:
+    """The job's failed attempts, oldest first, from the error history."""
     failures = [
         Failure(
             attempts=a,
@@ -169,14 +185,12 @@ async def _shown(store: JobStore, row: dict[str, Any], kept_since: float | None)
         )
         for a, at, t, code, m, rid, state in await store.errors_of(row["id"])
     ]
-    first = row["first_attempt_at"]
-    complete = kept_since is not None and (first is None or first >= kept_since)
     if not failures and row["error_type"] is not None and row["state"] != 2:
         # Its last error, from its row, where the history has none.
         failures.append(
             Failure(
                 attempts=row["attempts"],
-                at=row["finished_at"] or first or 0.0,
+                at=row["finished_at"] or row["first_attempt_at"] or 0.0,
                 error_type=row["error_type"],
                 status_code=row["status_code"],
                 message=row["error_message"],
@@ -184,12 +198,17 @@ async def _shown(store: JobStore, row: dict[str, Any], kept_since: float | None)
                 then=STATE_NAMES[row["state"]],
             )
         )
-    job = {
+    return failures
+
+
+def _job(row: dict[str, Any]) -> dict[str, Any]:
+    """The job's own fields, times as ISO 8601."""
+    return {
         "state": STATE_NAMES[row["state"]],
         "attempts": row["attempts"],
         "priority": row["priority"],
         "added_at": _iso(row["created_at"]),
-        "first_attempt_at": _iso(first),
+        "first_attempt_at": _iso(row["first_attempt_at"]),
         "finished_at": _iso(row["finished_at"]),
         "next_attempt_at": _iso(row["next_at"]) if row["state"] == 0 and row["next_at"] else None,
         "latency_s": row["latency_s"],
@@ -201,17 +220,6 @@ async def _shown(store: JobStore, row: dict[str, Any], kept_since: float | None)
         "cost_usd": row["cost_usd"],
         "timeouts": row["timeouts"],
     }
-    return Shown(
-        custom_id=row["custom_id"],
-        file=row["source"].path,
-        line_no=row["line_no"],
-        line=_parsed(row["line"]),
-        job=job,
-        request={"method": "POST", "url": row["endpoint"], "body": _parsed(row["body"])},
-        reply=None if row["response"] is None else _parsed(row["response"]),
-        errors=failures,
-        errors_complete=complete,
-    )
 
 
 def show_lines(shown: list[Shown]) -> list[str]:

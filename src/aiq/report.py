@@ -1,95 +1,27 @@
-"""Plain-text renderings for the CLI: a run's summary, status, exports, a dry-run forecast."""
+"""Plain-text renderings for the CLI: a run's summary, status, exports, replays, prunes.
+
+The dry-run forecast is in aiq.report_forecast, the provider batches' lines in
+aiq.report_batches.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .batch_records import BatchRun
 from .durations import fmt_duration
-from .forecast import Forecast
 from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
-from .pricing import PRICES_AS_OF
 from .records import EnqueueCounts, Pruned, Replayed, Stats
-from .run_records import Export, Progress, RunSummary
+from .report_batches import batch_lines, batch_run_line
 from .text import plural, size_text, usd
 from .usage import TokenKinds
 
+if TYPE_CHECKING:  # only read here: `status` then loads none of a run's records
+    from .run_records import Export, Progress, RunSummary
+
 _WITHHELD = DEFAULT_NAMES[WITHHELD_TEMPERATURE]
-PRICES_NOTE = (
-    f"prices: aiq's list prices as of {PRICES_AS_OF} unless the config sets `prices:`; "
-    "they may be outdated, check your provider"
-)
-
-
-def forecast_lines(f: Forecast) -> list[str]:
-    """The dry-run report: requests, tokens and cost per model, total, ETA."""
-    lines = ["dry run: nothing was sent and the store was not changed"]
-    skipped = [f"{f.valid:,} valid", f"{f.invalid:,} invalid"]
-    if f.duplicates:
-        skipped.append(f"{f.duplicates:,} repeating an earlier line's request")
-    if f.done_before:
-        skipped.append(f"{f.done_before:,} done before")
-    if f.dead_before:
-        skipped.append(f"{f.dead_before:,} dead (sent again only after `aiq replay-dead`)")
-    lines.append(f"{f.path}: {', '.join(skipped)} → {plural(f.requests, 'request')} to send")
-    if f.defaults is not None:
-        lines.append(defaults_line(f.defaults))
-    if f.store_note:
-        lines.append(f.store_note)
-    width = max([len(str(m.model)) for m in f.models.values()] + [5])
-    for m in f.models.values():
-        cost = usd(m.cost_usd) if m.price is not None else "cost unknown (no price)"
-        lines.append(
-            f"  {m.model or '(none)':<{width}}  {m.requests:>8,} requests  "
-            f"{m.prompt_tokens:>10,} prompt + {m.output_tokens:>10,} output tokens  {cost}"
-        )
-    lines.append(f"  {'total':<{width}}  {f.requests:>8,} requests  {f.tokens:>10,} tokens  "
-                 f"{usd(f.cost_usd)}" + (" (an estimate)" if f.requests else ""))  # fmt: skip
-    if f.unpriced:
-        names = ", ".join(str(m) for m in f.unpriced)
-        lines.append(
-            f"no price for {names}: left out of the total; add it under `prices:` in the config"
-        )
-    lines.extend(_basis_lines(f))
-    lines.append(PRICES_NOTE)
-    lines.append(_eta_line(f))
-    return lines
-
-
-def _basis_lines(f: Forecast) -> list[str]:
-    """What the figures stand on: output at its ceiling is a bound, prompts are estimated."""
-    lines = []
-    unbounded = sum(m.unbounded for m in f.models.values())
-    if unbounded:
-        lines.append(
-            f"{plural(unbounded, 'request')} set no max_tokens: their output is not in the "
-            "estimate (set max_tokens to bound it)"
-        )
-    else:
-        lines.append("output is counted at its ceiling (max_tokens x n): an upper bound on output")
-    for m in f.models.values():
-        if m.requests:
-            lines.append(f"prompts of {m.model or '(none)'}: an estimate, at {m.basis}")
-    if (high := f.cost_usd_high) is not None:
-        lines.append(
-            f"with every prompt at the highest ratio one reply showed, the cost would be "
-            f"{usd(high)}: a margin, not a bound (prompts unlike those seen may run higher)"
-        )
-    return lines
-
-
-def _eta_line(f: Forecast) -> str:
-    if f.eta_s is None:
-        return "eta: unknown, no limit configured (set --rpm / --tpm, or rpm: / tpm:)"
-    parts = []
-    if f.rpm:
-        parts.append(f"{fmt_duration(f.requests / f.rpm * 60)} at --rpm {f.rpm:,}")
-    if f.tpm:
-        parts.append(f"{fmt_duration(f.tokens / f.tpm * 60)} at --tpm {f.tpm:,}")
-    return f"eta: at least {fmt_duration(f.eta_s)} ({'; '.join(parts)})"
 
 
 def run_cost(p: Progress) -> str:
@@ -205,7 +137,7 @@ def run_summary_lines(s: RunSummary) -> list[str]:
         f"{c['running']:,} running of {s.stats.total:,}"
     )
     if (b := s.batch) is not None:
-        lines.append(_batch_run_line(b))
+        lines.append(batch_run_line(b))
     for e in s.exports:
         lines.extend(export_lines(e))
     if s.stopped == "interrupted":
@@ -220,19 +152,6 @@ def run_summary_lines(s: RunSummary) -> list[str]:
     elif s.stopped is None and c["dead"]:
         lines.append("some jobs are dead: fix the cause, then `aiq replay-dead` and `aiq resume`")
     return lines
-
-
-def _batch_run_line(b: BatchRun) -> str:
-    again = ", ".join(f"{n:,} {r}" for r, n in sorted(b.requeued.items()))
-    line = (
-        f"batches: submitted {len(b.submitted):,} ({plural(b.submitted_lines, 'request')}), "
-        f"collected {len(b.collected):,}, {b.open:,} still open"
-    )
-    if again:
-        line += f"; re-queued {again}"
-    if b.detached and b.open:
-        line += "; run `aiq resume` later to collect them"
-    return line
 
 
 def run_summary_json(s: RunSummary) -> dict[str, Any]:
@@ -335,29 +254,6 @@ def status_lines(s: Stats, *, now: float | None = None) -> list[str]:
     if s.size_bytes is not None:  # what `aiq prune` would shrink
         lines.append(f"store: {size_text(s.size_bytes)} on disk")
     lines.extend(batch_lines(s, time.time() if now is None else now))
-    return lines
-
-
-def batch_lines(s: Stats, now: float) -> list[str]:
-    """The provider batches (--via batch): each one's state and counts, and the lines put
-    back in the queue without costing an attempt, and why."""
-    if not s.batches:
-        return []
-    open_ = sum(b.open for b in s.batches)
-    lines = [f"batches: {open_:,} open (the last {len(s.batches):,} shown)"]
-    for b in s.batches:
-        c = b.counts
-        counts = f"{c.get('completed', 0):,}/{b.requests:,} done, {c.get('failed', 0):,} failed"
-        state = b.state or b.step
-        step = "" if b.step in ("created", "ingested") else f" ({b.step})"
-        lines.append(
-            f"  batch {b.id} {b.provider_batch_id or '-'} ({b.provider}): {state}{step}, "
-            f"{counts}, {fmt_duration(now - b.created_at)} old"
-        )
-    if s.requeued:
-        why = ", ".join(f"{n:,} {reason}" for reason, n in sorted(s.requeued.items()))
-        # Only a retry (a line's own error, by the online table) may have cost an attempt.
-        lines.append(f"re-queued from batches: {why}")
     return lines
 
 

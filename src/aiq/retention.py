@@ -31,7 +31,6 @@ from pathlib import Path
 
 import aiosqlite
 
-from .outputs import exported_at
 from .records import DEAD, DONE, Pruned
 from .store import PRUNED_META, JobStore
 from .text import size_text
@@ -61,6 +60,8 @@ async def prune(
     ``dead_older_than_s``, if given) that are exported; see the module's docstring. The
     caller holds the store's lock: no run may finish or export a job meanwhile. No VACUUM
     here (``vacuum``): it cannot run inside the transaction."""
+    from .outputs import exported_at  # here: `aiq status` reads store_size, not the exporter
+
     now = time.time() if now is None else now
     result = Pruned(forgotten=forget)
     db = store.connection

@@ -25,11 +25,16 @@ if TYPE_CHECKING:
 # the checks, the text report, rich's live panel, asyncio) is imported inside it: `aiq --help`
 # and `aiq status` then start in half the time (tests/test_layers.py checks what they load).
 
+# Plain help, as click formats it, not typer's rich panels: those import rich's markdown,
+# tables and tracebacks (typer.rich_utils), which took 0.13 s of `aiq --help`'s 0.25 s
+# (bench/README.md, "Start-up"). No help text here uses rich markup.
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Run large batches of prompts against LLM APIs: durable, resumable, rate-limited.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},  # as wide as the terminal, to 120 (click: 80)
 )
 T = TypeVar("T")
 

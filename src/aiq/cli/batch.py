@@ -201,8 +201,8 @@ def run(
 
 
 def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
-    from .. import report
     from ..dry_run import forecast_file
+    from ..report_forecast import forecast_lines
 
     forecast = sync(forecast_file(cfg, file))
     for bad in forecast.bad_lines[:50]:
@@ -212,7 +212,7 @@ def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
     if as_json:
         print(json.dumps(forecast.as_dict()))
     else:
-        print("\n".join(report.forecast_lines(forecast)))
+        print("\n".join(forecast_lines(forecast)))
     # As the run would exit: 6 if it would skip lines, 7 if the file is empty.
     raise typer.Exit(6 if forecast.invalid else 0 if forecast.valid else 7)
 

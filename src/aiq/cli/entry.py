@@ -61,7 +61,8 @@ _KEY_FLAGS = frozenset({"--api-key", "--key", "--openai-api-key", "--anthropic-a
 
 def _usage_error(exc: ClickException) -> int:
     """Print a usage error as one ``error: …`` line with where to look; its exit code (2)."""
-    if isinstance(exc, NoArgsIsHelpError):  # bare `aiq`: the help is already printed
+    if isinstance(exc, NoArgsIsHelpError):  # bare `aiq`: the help, on stdout as --help
+        print(exc.format_message())
         return exc.exit_code
     if isinstance(exc, NoSuchOption) and exc.option_name in _KEY_FLAGS:
         message = (

@@ -10,33 +10,38 @@ from ..errors import UsageError
 from .app import guard, load_config, sync
 from .options import ConfigOpt, DbOpt, TracebackOpt, WaitOpt
 
+DoneOlderOpt = Annotated[
+    str,
+    typer.Option(
+        "--done-older-than",
+        help="Prune done jobs finished longer ago than this: 30d, 12h, 90m, 2w.",
+    ),
+]
+DeadOlderOpt = Annotated[
+    str | None,
+    typer.Option("--dead-older-than", help="Prune dead jobs too, failed longer ago than this."),
+]
+KeepResultsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-results",
+        help="Keep the replies (and dead letters) in the store; prune only the requests.",
+    ),
+]
+ForgetOpt = Annotated[
+    bool,
+    typer.Option(
+        "--forget",
+        help="Delete the jobs whole, keys too: a re-run of their lines sends them again.",
+    ),
+]
+
 
 def prune(
-    done_older_than: Annotated[
-        str,
-        typer.Option(
-            "--done-older-than",
-            help="Prune done jobs finished longer ago than this: 30d, 12h, 90m, 2w.",
-        ),
-    ],
-    dead_older_than: Annotated[
-        str | None,
-        typer.Option("--dead-older-than", help="Prune dead jobs too, failed longer ago than this."),
-    ] = None,
-    keep_results: Annotated[
-        bool,
-        typer.Option(
-            "--keep-results",
-            help="Keep the replies (and dead letters) in the store; prune only the requests.",
-        ),
-    ] = False,
-    forget: Annotated[
-        bool,
-        typer.Option(
-            "--forget",
-            help="Delete the jobs whole, keys too: a re-run of their lines sends them again.",
-        ),
-    ] = False,
+    done_older_than: DoneOlderOpt,
+    dead_older_than: DeadOlderOpt = None,
+    keep_results: KeepResultsOpt = False,
+    forget: ForgetOpt = False,
     wait: WaitOpt = 0.0,
     db: DbOpt = None,
     config: ConfigOpt = None,
@@ -48,7 +53,7 @@ def prune(
     """
 
     def body() -> None:
-        from .. import report, runner
+        from .. import report, store_commands
         from ..durations import parse_age
 
         if not wait >= 0:  # NaN too
@@ -59,7 +64,7 @@ def prune(
         except ValueError as exc:
             raise UsageError(f"{exc} (--done-older-than, --dead-older-than)") from None
         pruned = sync(
-            runner.prune_store(
+            store_commands.prune_store(
                 load_config(db, config), done_older_than_s=done_s, dead_older_than_s=dead_s,
                 keep_results=keep_results, forget=forget, lock_wait_s=wait,
             )

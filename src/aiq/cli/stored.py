@@ -21,9 +21,9 @@ def status(
     """Where the store stands: counts by state, rate, ETA, tokens, oldest waiting, errors."""
 
     def body() -> None:
-        from .. import report, runner
+        from .. import report, store_commands
 
-        stats = sync(runner.store_status(load_config(db, config)))
+        stats = sync(store_commands.store_status(load_config(db, config)))
         if as_json:
             print(json.dumps(stats.as_dict()))
         else:
@@ -47,10 +47,10 @@ def errors(
     """Dead jobs by error type: how many, the latest message, example custom_ids."""
 
     def body() -> None:
-        from .. import inspection, runner
+        from .. import inspection, store_commands
 
         cfg = load_config(db, config)
-        types = sync(runner.dead_errors(cfg, error_type=error_type, limit=limit))
+        types = sync(store_commands.dead_errors(cfg, error_type=error_type, limit=limit))
         if as_json:
             print(json.dumps({"dead": sum(t.jobs for t in types),
                               "types": [t.as_dict() for t in types]}))  # fmt: skip
@@ -70,9 +70,9 @@ def show(
     """One custom_id's job: state, attempts, every error, timings, request and reply."""
 
     def body() -> None:
-        from .. import inspection, runner
+        from .. import inspection, store_commands
 
-        shown = sync(runner.show_job(load_config(db, config), custom_id))
+        shown = sync(store_commands.show_job(load_config(db, config), custom_id))
         if as_json:
             print(json.dumps({"custom_id": custom_id, "lines": [s.as_dict() for s in shown]}))
         else:
@@ -106,10 +106,10 @@ def replay_dead(
     """Move dead jobs back to the queue with attempts reset (then `aiq resume`)."""
 
     def body() -> None:
-        from .. import report, runner
+        from .. import report, store_commands
 
         replayed = sync(
-            runner.replay_dead(
+            store_commands.replay_dead(
                 load_config(db, config),
                 error_type=error,
                 custom_ids=tuple(ids or ()),
@@ -133,10 +133,10 @@ def export(
     """(Re)write results and dead-letter files from the store."""
 
     def body() -> None:
-        from .. import report, runner
+        from .. import report, store_commands
 
         exports = sync(
-            runner.export_outputs(load_config(db, config, order=order), out=out, dead=dead)
+            store_commands.export_outputs(load_config(db, config, order=order), out=out, dead=dead)
         )
         for e in exports:
             print("\n".join(report.export_lines(e)))
