@@ -87,6 +87,19 @@ def test_plain_lines_come_every_so_often() -> None:
     assert out.getvalue().count("\n") == 1 and "done 1/4 · dead 0 · 25% finished" in out.getvalue()
 
 
+def test_a_plain_line_says_at_once_when_the_provider_goes_down_and_comes_back() -> None:
+    out = io.StringIO()
+    show = PlainProgress(out, every_s=3600)
+    show(Progress(total=4, done=1))
+    show(Progress(total=4, done=1, outage_s=0.5, last_error="HTTP 503: down"))
+    show(Progress(total=4, done=1, outage_s=2.0, last_error="HTTP 503: down"))  # not again
+    show(Progress(total=4, done=2))  # back
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert "provider down" in lines[1] and "HTTP 503: down" in lines[1]
+    assert "provider down" not in lines[2] and "done 2/4" in lines[2]
+
+
 def test_no_color_keeps_the_live_panel_on_a_terminal() -> None:
     # NO_COLOR asks for no colour, not for no panel (no-color.org); rich drops the colour.
     assert wants_live_panel(True, {"NO_COLOR": "1", "TERM": "xterm-256color"})

@@ -10,14 +10,13 @@ cut out before they reached the store (aiq.providers.failures).
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
 
 from .durations import duration_text
-from .progress import summary_line
+from .progress import Cadence, summary_line
 from .run_records import AttemptEvent, Progress
 
 __all__ = ["JsonProgress", "attempt_fields", "attempt_text", "json_line", "progress_fields"]
@@ -86,18 +85,15 @@ def progress_fields(p: Progress) -> dict[str, Any]:
 
 
 class JsonProgress:
-    """A progress JSON line every ``every_s`` seconds (the first at once), as PlainProgress
+    """A progress JSON line at the same :class:`~aiq.progress.Cadence` as PlainProgress
     writes its text lines."""
 
     def __init__(self, stream: TextIO, *, every_s: float = 10.0) -> None:
         self._stream = stream
-        self._every_s = every_s
-        self._last: float | None = None
+        self._cadence = Cadence(every_s)
 
     def __call__(self, p: Progress) -> None:
-        now = time.monotonic()
-        if self._last is None or now - self._last >= self._every_s:
-            self._last = now
+        if self._cadence.due(p):
             self._stream.write(json_line("progress", "info", progress_fields(p)))
             self._stream.flush()
 

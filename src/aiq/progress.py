@@ -60,18 +60,32 @@ def outage_note(p: Progress) -> str:
     return f" · provider down {duration_text(p.outage_s)}, probing{last}"
 
 
+class Cadence:
+    """When a progress line is due: the first at once, then every ``every_s`` seconds, and
+    one at once when the provider goes down or comes back (a log read later shows when)."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every_s = every_s
+        self._last: float | None = None  # (monotonic may start near 0)
+        self._down = False  # whether the last line said the provider was down
+
+    def due(self, p: Progress) -> bool:
+        now, down = time.monotonic(), bool(p.outage_s)
+        if self._last is None or now - self._last >= self._every_s or down != self._down:
+            self._last, self._down = now, down
+            return True
+        return False
+
+
 class PlainProgress:
-    """Timestamped lines every ``every_s`` seconds: for cron, CI logs and --log-file."""
+    """Timestamped lines at the :class:`Cadence`: for cron, CI logs and --log-file."""
 
     def __init__(self, stream: TextIO = sys.stderr, *, every_s: float = 10.0) -> None:
         self._stream = stream
-        self._every_s = every_s
-        self._last: float | None = None  # the first line at once (monotonic may start near 0)
+        self._cadence = Cadence(every_s)
 
     def __call__(self, p: Progress) -> None:
-        now = time.monotonic()
-        if self._last is None or now - self._last >= self._every_s:
-            self._last = now
+        if self._cadence.due(p):
             stamp = datetime.now().astimezone().isoformat(timespec="seconds")
             print(f"{stamp} {summary_line(p)}", file=self._stream, flush=True)
 
