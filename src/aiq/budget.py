@@ -43,6 +43,13 @@ _OUTSIDE_MAX = 0.9  # of the refill: some always left to find out that it stoppe
 # A provider's reset shorter than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is what it enforces.
 SHORT_WINDOW_S = 10.0
+# What a bucket refills in this long is kept back at its bottom. Our model of it starts
+# refilling at our first booking, the provider's at the first arrival, a connection's
+# handshake (and a busy event loop) later, so at the bottom ours runs ahead by about that
+# much: about 1 run in 7 sent the request one past the bucket there, and Anthropic answers
+# it with a whole second's retry-after for every sender (bench/README.md, "Session 10: the
+# burst row"). It costs this much once, at the bottom of the bucket.
+BUCKET_SKEW_S = 0.15
 
 
 class RequestTooLarge(Exception):
@@ -177,7 +184,7 @@ class Budget:
         if not self._bucket:
             return at
         # The bucket holds ``cost`` once it is that far from full.
-        need = min(cost, self._capacity)
+        need = min(cost, self._capacity) + self._refill * BUCKET_SKEW_S
         full_at = max(self._own_full_at, self._seen_full_at)
         return max(at, full_at - (self._capacity - need) / self._refill)
 
