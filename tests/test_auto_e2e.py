@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import read_jsonl, run_aiq, write_prompts
+from conftest import read_jsonl, run_aiq, start_aiq, write_prompts
 from fakeserver import FakeServer
-from test_batch_e2e import _check_results, _prompts
+from test_batch_e2e import _check_results, _prompts, _wait_for
 
 pytestmark = pytest.mark.slow  # every test here runs aiq and a server in real time
 
@@ -78,10 +78,30 @@ def test_a_deadline_the_batch_cannot_meet_switches_to_online_once(
     # the five the batch finished are kept, never sent again; the rest online, once each
     assert sorted(_online(server)) == sorted(p for _, p in prompts[5:])
     assert server.batches.created() == 1 and not server.batches.submitted_twice()
-    # cron's next run before that deadline, no flags: online, not to batch again
+
+
+def test_killed_while_cancelling_for_the_deadline_resume_goes_on_online(
+    tmp_path: Path, server: FakeServer
+) -> None:
+    server.batches.processing_s = 60.0
+    server.batches.cancel_after_lines = 5
+    server.batches.hold.add("cancel")  # the switch is recorded, the batch is still open
+    prompts = _prompts(20)
+    write_prompts(tmp_path / "in.jsonl", prompts)
+    args = _args(server, "--deadline", "8s", "--rpm", "300")
+    proc = start_aiq("run", "in.jsonl", *args, cwd=tmp_path)
+    _wait_for(lambda: server.batches.held["cancel"] >= 1)
+    proc.kill()
+    proc.wait(timeout=10)
+    server.batches.hold.clear()
+    # cron's next run before that deadline, with a line more and no flags: it cancels the
+    # batch the killed run left open and goes on online, not to batch again
     write_prompts(tmp_path / "in.jsonl", [("new", "one more question")], mode="a")
     again = run_aiq("run", "in.jsonl", "--base-url", server.base_url, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "online, as this store switched for it" in again.stderr
-    assert server.batches.created() == 1 and _online(server).count("one more question") == 1
+    assert "cancelled, 5/20 done" in again.stderr
+    _check_results(tmp_path, server, [*prompts, ("new", "one more question")])
     assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 21
+    assert sorted(_online(server)) == sorted([*(p for _, p in prompts[5:]), "one more question"])
+    assert server.batches.created() == 1 and not server.batches.submitted_twice()

@@ -168,7 +168,8 @@ class Outlook:
             f"{fmt_duration(self.online_s)} online at {rate}"
         )
         if not self.switch:
-            return f"{head}: batch first, online by {fmt_duration(self.look_again_s)} from now"
+            then = fmt_duration(self.look_again_s)
+            return f"{head}: batch first, online in {then} unless the batches get ahead"
         if open_batches:
             n = "1 open batch" if open_batches == 1 else f"{open_batches:,} open batches"
             return f"{head}: cancelling {n}, finishing online"
