@@ -146,7 +146,7 @@ def test_the_decision_is_one_line_with_its_figures() -> None:
     )
     assert line.startswith("deadline ")
     wait = _outlook(10, 3600).line(open_batches=1)
-    assert "batch first, online by" in wait
+    assert "batch first, online in 58m48s unless the batches get ahead" in wait
     assumed = Outlook(
         deadline=NOW + 10, now=NOW, remaining=20, rpm=60, rate_known=False, allowance_s=0
     )
