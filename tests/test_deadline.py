@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from aiq.config import Config
 from aiq.deadline import (
     ASSUMED_RPM,
+    MOST_S,
     Outlook,
     allowance_s,
     online_rate,
@@ -29,11 +30,14 @@ def test_a_duration_is_the_sum_of_its_parts(parts: list[tuple[int, str]]) -> Non
     text = "".join(f"{n}{u}" for n, u in parts)
     total = sum(n * UNITS[u.lower()] for n, u in parts)
     assert parse_duration(text) == total
-    if total:
-        assert parse_deadline(text, now=NOW) == NOW + total
-    else:
+    if not total:
         with pytest.raises(ValueError, match="no time from now"):
             parse_deadline(text, now=NOW)
+    elif total > MOST_S:
+        with pytest.raises(ValueError, match="is more than a year away"):
+            parse_deadline(text, now=NOW)
+    else:
+        assert parse_deadline(text, now=NOW) == NOW + total
 
 
 @settings(max_examples=40)  # each a few date parses: keep it well under a second

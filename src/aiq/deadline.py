@@ -39,6 +39,7 @@ ALLOWANCE_S = 300.0  # the most the allowance for cancelling is...
 ALLOWANCE_SHARE = 0.1  # ...or this share of the time the run had, when less
 ASSUMED_RPM = 60  # with no limit configured
 TOKENS_PER_REQUEST = 1000  # to turn a tokens-per-minute limit alone into requests
+MOST_S = 366 * 86400  # a deadline further off is a slip (a batch's window is 24 h)
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])", re.IGNORECASE)
 _UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -64,16 +65,16 @@ def parse_deadline(text: str, *, now: float) -> float:
     """The deadline ``text`` names, in seconds since the epoch. ValueError (quoting it) for
     text that is neither a time nor a duration, or a time not after ``now``."""
     seconds = parse_duration(text)
-    if seconds is not None:
-        if seconds <= 0:
-            raise ValueError(f"{text!r} is no time from now")
-        return now + seconds
-    at = _parse_time(text.strip(), now)
+    if seconds is not None and seconds <= 0:
+        raise ValueError(f"{text!r} is no time from now")
+    at = now + seconds if seconds is not None else _parse_time(text.strip(), now)
     if at is None:
         raise ValueError(f"{text!r} is not a time or a duration")
     if at <= now:
         shown = datetime.fromtimestamp(at).astimezone().isoformat(timespec="seconds")
         raise ValueError(f"{text!r} is in the past ({shown})")
+    if at - now > MOST_S:
+        raise ValueError(f"{text!r} is more than a year away")
     return at
 
 

@@ -78,7 +78,8 @@ async def run_batch(
     hears what the file added (and its invalid lines) before anything is sent; ``on_attempt``
     what each attempt came to, named by custom_id and request id (aiq.joblog), for a log.
     With ``config.via`` batch, the provider's batch engine sends them (aiq.batch_engine):
-    ``on_note`` hears each batch's steps, and ``detach`` returns once they are submitted.
+    ``on_note`` hears each batch's steps, and ``detach`` returns once they are submitted;
+    with auto, batch first and online once ``config.deadline`` needs it (aiq.auto_run).
     """
     from .batch_run import check_via
 
