@@ -92,7 +92,7 @@ async def run_auto(
     record = None
     if await store.meta(SWITCHED_META) != repr(deadline):
         summary, fatal = await by_batch(
-            as_batch, watch=DeadlineWatch(store, config, deadline, note)
+            as_batch, watch=DeadlineWatch(store, config, deadline, note, wall=wall)
         )
         if fatal is not None or summary.batch is None or not summary.batch.switched_online:
             return summary, fatal
