@@ -286,11 +286,3 @@ def test_max_runtime_stops_the_wait_and_max_cost_is_refused(
     assert proc.returncode == 5, proc.stderr
     assert "batches: 1 open" in run_aiq("status", cwd=tmp_path).stdout
     assert server.batches.created() == 1
-
-
-def test_via_auto_is_not_built_yet(tmp_path: Path, server: FakeServer) -> None:
-    write_prompts(tmp_path / "in.jsonl", _prompts(1))
-    proc = run_aiq("run", "in.jsonl", "--via", "auto", "--base-url", server.base_url, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert "--via auto is not built yet" in proc.stderr
-    assert not server.requests

@@ -81,6 +81,8 @@ BAD = [
     ("order", "random", "'random' is unknown; use done | input"),
     ("on_truncated", "drop", "'drop' is unknown; use keep | dead"),
     ("via", "later", "'later' is unknown; use online | flex | batch | auto"),
+    ("deadline", "soon", "'soon' is not a time or a duration; use a time (2026-12-02T06:00"),
+    ("deadline", "6:30", "390 is not a time or a duration (quote it in YAML)"),
     ("strict", "1", "1 is not true or false"),
     ("strict", "maybe", "'maybe' is not true or false"),
     ("simulated_latency_s", "-1", "-1 is below 0"),

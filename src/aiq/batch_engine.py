@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from .batch_files import write_requests
@@ -49,6 +49,9 @@ _INGEST_BLOCK = 1000  # outcomes written per transaction while ingesting
 
 _PACE_FIRST_S = 1.0  # the first wait after a batch failed on the enqueued-token limit
 Note = Callable[[str], None]
+# Asked at each wake of the run (--via auto with a deadline, aiq.auto_run): the seconds until
+# it must be asked again, or 0 or less to stop the run there and switch to online.
+Watch = Callable[[], Awaitable[float]]
 
 
 class BatchEngine:
@@ -72,6 +75,7 @@ class BatchEngine:
         note: Note = lambda _: None,
         poll_cap_s: float = _POLL_CAP_S,
         wall: Callable[[], float] = time.time,
+        watch: Watch | None = None,
     ) -> None:
         self._store = store
         self._api = api
@@ -93,6 +97,8 @@ class BatchEngine:
         self._wake = asyncio.Event()
         self._pace_s = 0.0
         self._tag = ""
+        self._watch = watch
+        self.switching = False  # the watch said to stop and switch to online
 
     async def run(self, *, detach: bool = False) -> BatchRun:
         """Adopt the open batches, submit what is due, and (unless ``detach``) wait for every
@@ -103,6 +109,10 @@ class BatchEngine:
         record.detached = detach
         await self._dead_oversized()
         while not self.stopping:
+            look_again_s = self._poll_cap_s
+            if self._watch is not None and (look_again_s := await self._watch()) <= 0:
+                self.switching = True
+                break
             for batch in await self._store.batches(open_only=True):
                 if self.stopping:
                     break
@@ -118,9 +128,10 @@ class BatchEngine:
                 due = await self._store.next_due_at() if self.submits else None
                 if due is None:
                     break
-                await self._nap(min(max(due, self._plan_after) - now, self._poll_cap_s))
+                await self._nap(min(max(due, self._plan_after) - now, look_again_s))
                 continue
-            await self._nap(min(self._not_before.get(b.id, now) for b in open_now) - now)
+            soonest = min(self._not_before.get(b.id, now) for b in open_now) - now
+            await self._nap(min(soonest, look_again_s))
         return record
 
     def stop(self) -> None:

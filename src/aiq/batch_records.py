@@ -66,6 +66,7 @@ class BatchRun:
     open: int = 0  # batches still with the provider when the run ended
     requeued: dict[str, int] = field(default_factory=dict)
     detached: bool = False
+    switched_online: bool = False  # --via auto: the deadline called for online (aiq.auto_run)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +76,7 @@ class BatchRun:
             "open": self.open,
             "requeued": self.requeued,
             "detached": self.detached,
+            "switched_online": self.switched_online,
         }
 
 

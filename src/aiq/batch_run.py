@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import httpx
 
 from .batch_cancel import BatchCanceller
-from .batch_engine import BatchEngine
+from .batch_engine import BatchEngine, Watch
 from .batch_records import BatchRun
 from .config import Config
 from .contract import StopReason
@@ -29,35 +29,33 @@ Note = Callable[[str], None]
 
 def check_via(config: Config) -> None:
     """UsageError for a way of sending not built yet, or a provider batch cannot use."""
-    if config.via == "auto":
-        raise UsageError(
-            "--via auto is not built yet; use --via online (one call each), --via flex "
-            "(OpenAI's flex tier) or --via batch (the provider's batch engine, OpenAI)"
-        )
     if config.via == "flex" and config.spec.api != "openai":
         raise UsageError(
             f"--via flex is OpenAI's flex tier; provider {config.provider} has none: use "
             "--via online"
         )
-    if config.via == "batch" and config.spec.api not in BATCH_CLASSES:
+    via = config.via
+    batch = via in ("batch", "auto")  # auto starts by batch
+    if batch and config.spec.api not in BATCH_CLASSES:
         raise UsageError(
-            f"--via batch with provider {config.provider} is not built yet; it works with "
+            f"--via {via} with provider {config.provider} is not built yet; it works with "
             "OpenAI (and OpenAI-compatible servers offering /v1/files and /v1/batches) and "
             "Anthropic's Message Batches"
         )
-    if config.via == "batch" and config.spec.offline:
-        raise UsageError("--via batch needs a real server: the simulated provider has no batches")
-    if config.via == "batch" and config.max_cost_usd is not None:
+    if batch and config.spec.offline:
+        raise UsageError(f"--via {via} needs a real server: the simulated provider has no batches")
+    if batch and config.max_cost_usd is not None:
         # A batch is billed as a whole once submitted: a cap checked per reply cannot hold.
         raise UsageError(
-            "--max-cost is not built for --via batch yet (a submitted batch is billed whole); "
+            f"--max-cost is not built for --via {via} yet (a submitted batch is billed whole); "
             "leave max_cost out for this run, or use --via online"
         )
 
 
 def _engine(
-    store: JobStore, config: Config, progress: Progress, note: Note, *, cancel: bool = False
-) -> tuple[BatchEngine, BatchService, httpx.AsyncBaseTransport]:
+    store: JobStore, config: Config, progress: Progress, note: Note, *, cancel: bool = False,
+    watch: Watch | None = None,
+) -> tuple[BatchEngine, BatchService, httpx.AsyncBaseTransport]:  # fmt: skip
     """The run's engine over ``store`` (with ``cancel``, aiq cancel's), its API client and
     the transport under both."""
     transport = httpx.AsyncHTTPTransport(retries=0)
@@ -67,20 +65,20 @@ def _engine(
         files_dir=config.db.parent / "batches", progress=progress,
         prices=config.price_table,
         retry=RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_cap_s),
-        note=note,
+        note=note, watch=watch,
     )  # fmt: skip
     return engine, api, transport
 
 
 async def work_batches(
     store: JobStore, config: Config, progress: Progress, *, detach: bool, note: Note,
-    handle_signals: bool, cancel: bool = False,
+    handle_signals: bool, cancel: bool = False, watch: Watch | None = None,
 ) -> tuple[BatchRun, StopReason | None, FatalProviderError | None]:  # fmt: skip
     """Run the batch engine over ``store`` (with ``cancel``: cancel and collect the open
     batches, submitting nothing); what it did, why it stopped (a signal or --max-runtime
     stops the waiting, leaving every batch recorded for resume), and the fatal error that
     stopped it, if one did."""
-    engine, api, transport = _engine(store, config, progress, note, cancel=cancel)
+    engine, api, transport = _engine(store, config, progress, note, cancel=cancel, watch=watch)
     task = asyncio.ensure_future(engine.run(detach=detach))
     stops: list[StopReason] = []
 
@@ -111,6 +109,7 @@ async def work_batches(
             await api.aclose()
         await transport.aclose()
     engine.run_record.open = len(await store.batches(open_only=True))
+    engine.run_record.switched_online = engine.switching
     return engine.run_record, stopped, fatal
 
 

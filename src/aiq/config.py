@@ -78,6 +78,9 @@ class Config:
     # How jobs are sent: one call each, or through the provider's batch engine
     # (aiq.batch_engine); recorded in the store, so resume and cron go on the same way.
     via: Via = "online"
+    # --via auto: when the jobs must be done by, in seconds since the epoch (aiq.deadline);
+    # recorded in the store with the via.
+    deadline: float | None = None
     strict: bool = False
     simulated_latency_s: float = 0.5
     simulated_error_rate: float = 0.05
@@ -157,6 +160,7 @@ class Config:
             model=self.model,
             max_tokens=self.max_tokens,
             via=self.via,
+            deadline=self.deadline,
         )
 
     def aimed_at(self, stored: Target) -> Config:

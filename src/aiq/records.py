@@ -50,6 +50,7 @@ class Target:
     model: str | None = None
     max_tokens: int | None = None
     via: Via = "online"  # how its jobs were last sent: resume goes on the same way
+    deadline: float | None = None  # --via auto's, in seconds since the epoch
 
     @property
     def where(self) -> str:
@@ -68,6 +69,7 @@ class Target:
             "model": self.model,
             "max_tokens": self.max_tokens,
             "via": self.via,
+            "deadline": self.deadline,
         }
 
     @classmethod
@@ -79,6 +81,7 @@ class Target:
             model=d.get("model"),
             max_tokens=d.get("max_tokens"),
             via=d.get("via", "online"),
+            deadline=d.get("deadline"),
         )
 
 

@@ -11,6 +11,7 @@ export, replay-dead, errors, show, prune) are in aiq.store_commands.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from .run_records import Progress, RunSummary
 from .store import JobStore, open_store
 
 if TYPE_CHECKING:
+    from .batch_engine import Watch
     from .online_run import ProgressCallback
 
 # The worker, the limiters and the providers with their HTTP clients are imported by the
@@ -76,7 +78,8 @@ async def run_batch(
     hears what the file added (and its invalid lines) before anything is sent; ``on_attempt``
     what each attempt came to, named by custom_id and request id (aiq.joblog), for a log.
     With ``config.via`` batch, the provider's batch engine sends them (aiq.batch_engine):
-    ``on_note`` hears each batch's steps, and ``detach`` returns once they are submitted.
+    ``on_note`` hears each batch's steps, and ``detach`` returns once they are submitted;
+    with auto, batch first and online once ``config.deadline`` needs it (aiq.auto_run).
     """
     from .batch_run import check_via
 
@@ -88,19 +91,30 @@ async def run_batch(
         async with StoreLock(config.db, wait_s=lock_wait_s) as lock, open_store(config.db) as store:
             config, added = await _ready(store, config, lock, input_path, out, dead, on_added)
             await _check_engine(store, config, detach=detach, on_note=on_note)
-            if config.via == "batch":
-                summary, fatal = await _batch_run(
-                    store, config, input_path, out, dead, added, detach=detach,
-                    note=on_note or (lambda _: None), handle_signals=handle_signals,
-                )  # fmt: skip
-            else:
+            note = on_note or (lambda _: None)
+            by_batch = functools.partial(
+                _batch_run, store, input_path=input_path, out=out, dead=dead, added=added,
+                detach=detach, note=note, handle_signals=handle_signals,
+            )  # fmt: skip
+
+            async def online(config: Config) -> tuple[RunSummary, FatalProviderError | None]:
                 from .online_run import run_online
 
-                summary, fatal = await run_online(
+                return await run_online(
                     store, config, input_path, added, out=out, dead=dead,
                     on_progress=on_progress, progress_interval_s=progress_interval_s,
                     handle_signals=handle_signals, on_attempt=on_attempt, metrics=metrics,
                 )  # fmt: skip
+
+            if config.via == "auto":
+                from .auto_run import run_auto
+
+                run = run_auto(store, config, by_batch=by_batch, online=online, note=note)
+                summary, fatal = await run
+            elif config.via == "batch":
+                summary, fatal = await by_batch(config)
+            else:
+                summary, fatal = await online(config)
     summary.duration_s = time.monotonic() - started
     if fatal is not None:
         raise fatal
@@ -123,9 +137,9 @@ async def _check_engine(
     from .batch_run import check_via
 
     check_via(config)
-    if detach and config.via != "batch":
-        raise UsageError("--detach works with --via batch only (an online run waits)")
-    if config.via != "batch" and on_note and (held := await store.in_batches()):
+    if detach and config.via not in ("batch", "auto"):
+        raise UsageError("--detach works with --via batch or auto only (an online run waits)")
+    if config.via not in ("batch", "auto") and on_note and (held := await store.in_batches()):
         on_note(
             f"{held:,} jobs are in open provider batches, left to them: "
             "`aiq resume --via batch` collects them"
@@ -157,7 +171,7 @@ async def cancel_batches(
         if not await store.batches(open_only=True):
             note("no open batches: nothing to cancel")
         summary, fatal = await _batch_run(
-            store, config, None, out, dead, None, detach=False, note=note,
+            store, config, input_path=None, out=out, dead=dead, added=None, detach=False, note=note,
             handle_signals=handle_signals, cancel=True,
         )  # fmt: skip
     summary.duration_s = time.monotonic() - started
@@ -167,9 +181,10 @@ async def cancel_batches(
 
 
 async def _batch_run(
-    store: JobStore, config: Config, input_path: Path | None, out: str | None,
-    dead: str | None, added: EnqueueCounts | None, *, detach: bool,
+    store: JobStore, config: Config, *, input_path: Path | None, out: str | None,
+    dead: str | None, added: EnqueueCounts | None, detach: bool,
     note: Callable[[str], None], handle_signals: bool, cancel: bool = False,
+    watch: Watch | None = None,
 ) -> tuple[RunSummary, FatalProviderError | None]:  # fmt: skip
     """The run's jobs through the provider's batch engine (or, with ``cancel``, the open
     batches cancelled and collected), then exported as online; the summary, and the error
@@ -180,7 +195,7 @@ async def _batch_run(
     progress = Progress(total=stats.total, done=stats.counts["done"], dead=stats.counts["dead"])
     batch, stopped, fatal = await work_batches(
         store, config, progress, detach=detach, note=note, handle_signals=handle_signals,
-        cancel=cancel,
+        cancel=cancel, watch=watch,
     )  # fmt: skip
     exports = await export_all(
         store, input_path, order=config.order, out=out, dead=dead, skip_unchanged=True

@@ -9,11 +9,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .contract import ON_TRUNCATED, ORDERS, VIAS
+from .deadline import ACCEPTED as DEADLINES
+from .deadline import parse_deadline
 from .defaults import PRIORITY_MAX, PRIORITY_MIN, PRIORITY_RANGE
 from .pricing import Price, parse_prices
 from .registry import SPECS
@@ -102,6 +105,21 @@ def _yes_no(value: Any) -> bool:
     return value
 
 
+def _deadline(value: Any) -> float:
+    """A deadline as written (aiq.deadline), or as a store keeps it: seconds since the epoch.
+    A YAML date-time is taken as written (local time unless it names an offset)."""
+    from datetime import datetime
+
+    if isinstance(value, str):
+        return parse_deadline(value, now=time.time())
+    if isinstance(value, datetime):
+        return parse_deadline(value.isoformat(), now=time.time())
+    # A small number is YAML 1.1 reading an unquoted 06:00 as 360 (base 60), not an epoch.
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 1e9:
+        return float(value)
+    raise ValueError(f"{_shown(value)} is not a time or a duration (quote it in YAML)")
+
+
 def _path(value: Any) -> Path:
     if not isinstance(value, str | os.PathLike) or not str(value):
         raise ValueError(f"{_shown(value)} is not a path")
@@ -186,6 +204,7 @@ SETTINGS: dict[str, tuple[Check, str]] = {
     "order": (_one_of(*ORDERS), " | ".join(ORDERS)),
     "on_truncated": (_one_of(*ON_TRUNCATED), " | ".join(ON_TRUNCATED)),
     "via": (_one_of(*VIAS), " | ".join(VIAS)),
+    "deadline": (_optional(_deadline), DEADLINES),
     "strict": (_yes_no, "true or false"),
     "reroute": (_yes_no, "true or false"),
     "simulated_latency_s": (_number(0), "a number of seconds, 0 or more"),

@@ -24,7 +24,8 @@ Knobs (attributes of :class:`Batches`, ``server.batches``; read on every call):
 - ``hold``: names of calls to hold open, never answered while named: ``upload`` and
   ``create`` before doing anything; ``upload-answer``, ``create-answer`` after doing it (its
   answer lost); ``get`` (a look), ``content`` (a download), ``error-content`` (the download
-  of an error file: its batch's output file is read by then). A test kills aiq meanwhile.
+  of an error file: its batch's output file is read by then), ``cancel`` (before doing
+  anything). A test kills aiq meanwhile.
   ``held`` counts the calls held so far by name.
 
 ``submitted`` logs every line of every batch created, by prompt: a prompt twice in it was
@@ -280,6 +281,7 @@ class Batches:
         return self._json(request, public)
 
     async def _cancel(self, request: web.Request) -> web.Response:
+        await self._hold("cancel")
         obj = self.batches.get(request.match_info["id"])
         if obj is None:
             return self._json(request, error_body(404, "No such Batch object"), 404)

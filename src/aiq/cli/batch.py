@@ -22,6 +22,7 @@ from .options import (
     ConcurrencyOpt,
     ConfigOpt,
     DbOpt,
+    DeadlineOpt,
     DeadOpt,
     DetachOpt,
     DryRunOpt,
@@ -173,6 +174,7 @@ def run(
     on_truncated: OnTruncatedOpt = None,
     reroute: RerouteOpt = False,
     via: ViaOpt = None,
+    deadline: DeadlineOpt = None,
     detach: DetachOpt = False,
     priority: PriorityOpt = None,
     traceback: TracebackOpt = False,
@@ -187,9 +189,10 @@ def run(
             timeout_s=timeout, order=order, strict=strict or None,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
             max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
-            via=via,
+            via=via, deadline=deadline,
             priority=priority,
         )  # fmt: skip
+        _check_deadline(cfg, deadline)
         if dry_run:
             _dry_run(file, cfg, as_json)
         display = Display(quiet, as_json, log_file, _log_format(log_format))
@@ -198,6 +201,15 @@ def run(
         _run(file, cfg, out, dead, display, wait, detach)
 
     guard(traceback, body)
+
+
+def _check_deadline(cfg: Config, deadline: str | None) -> None:
+    """--deadline steers --via auto only: with another way it would be silently ignored."""
+    if deadline is not None and cfg.via != "auto":
+        raise UsageError(
+            f"--deadline {deadline} works with --via auto only (this run sends --via "
+            f"{cfg.via}); add --via auto, or leave --deadline out"
+        )
 
 
 def _dry_run(file: Path, cfg: Config, as_json: bool) -> None:
@@ -242,6 +254,7 @@ def resume(
     on_truncated: OnTruncatedOpt = None,
     reroute: RerouteOpt = False,
     via: ViaOpt = None,
+    deadline: DeadlineOpt = None,
     detach: DetachOpt = False,
     traceback: TracebackOpt = False,
 ) -> None:
@@ -254,8 +267,9 @@ def resume(
             rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
             max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
             max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
-            via=via,
+            via=via, deadline=deadline,
         )  # fmt: skip
+        _check_deadline(cfg, deadline)
         display = Display(quiet, as_json, log_file, _log_format(log_format))
         _run(None, cfg, out, dead, display, wait, detach)
 

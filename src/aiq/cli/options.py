@@ -132,7 +132,17 @@ ViaOpt = Annotated[
         "--via",
         help="How jobs are sent: online (one call each, the default) | flex (online at "
         "OpenAI's flex tier: half price, slower) | batch (the provider's batch engine: half "
-        "price, results within 24 h). Kept by the store for resume.",
+        "price, results within 24 h) | auto (batch; online once --deadline needs it). Kept "
+        "by the store for resume.",
+    ),
+]
+DeadlineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--deadline",
+        help="With --via auto: when the jobs must be done, a time (06:00, 2026-12-02T06:00, "
+        "local unless it names an offset) or a duration (6h, 90m, 1h30m). Batch first, "
+        "online once the batches could no longer make it. Kept by the store for resume.",
     ),
 ]
 DetachOpt = Annotated[
