@@ -25,12 +25,19 @@ def _error(code: str) -> bytes:
     return orjson.dumps({"error": {"message": "no", "type": code, "code": code}})
 
 
-def _rules() -> LineRules:
+def _rules(price: Price | None = None) -> LineRules:
     answers = OpenAIProvider(
         httpx.MockTransport(lambda r: httpx.Response(500)), base_url="http://h/v1", api_key=None
     )
-    prices = {"m": Price(input_per_m=2.0, output_per_m=4.0)}
+    prices = {"m": price or Price(input_per_m=2.0, output_per_m=4.0)}
     return LineRules(answers, prices=prices, retry=RetryPolicy(max_attempts=3), wall=lambda: 50.0)
+
+
+def test_a_models_own_batch_share_prices_its_lines() -> None:
+    price = Price(input_per_m=2.0, output_per_m=4.0, batch_share=0.4, flex_share=0.9)
+    out = _rules(price).outcome(_JOB, Line(7, 200, "req_1", _CHAT, None, None), started=10.0)
+    assert not isinstance(out, str)
+    assert out.cost_usd == pytest.approx((2.0 + 4.0) / 1000 * 0.4)  # not the flex share
 
 
 _JOB = Job(7, "/v1/chat/completions", b"", 1, None, "m")

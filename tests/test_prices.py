@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from aiq import DEFAULT_CHECKS, DEFAULT_PRICES, PRICE_MAX_AGE_DAYS, Config, PriceCheck, run_checks
 from aiq.prices import CONFIG, DEFAULT, prices_in_force, row_for
-from aiq.pricing import Price, price_table
+from aiq.pricing import Price, parse_prices, price_table
 
 CHECKED = date(2026, 3, 1)
 
@@ -189,3 +189,19 @@ def test_check_prices_every_model_the_store_would_send_to(tmp_path: Path) -> Non
     missing = by_model["x-1"]
     assert missing["status"] == "warn" and "its cost shows as unknown" in missing["message"]
     assert "prices: {x-1: {input: USD, output: USD}}" in missing["fix"]
+
+
+def test_prices_may_give_a_models_batch_and_flex_shares() -> None:
+    prices = parse_prices(
+        {"m": {"input": 2, "output": 8, "batch_share": 0.4}, "n": {"input": 1, "output": 1}}
+    )
+    assert prices["m"].tier_share("batch") == 0.4
+    assert prices["m"].tier_share("flex") == 0.5  # the usual share, not the batch one
+    assert prices["n"].tier_share("batch") == prices["n"].tier_share("flex") == 0.5
+    assert prices["n"].tier_share("priority") == prices["n"].tier_share(None) == 1.0
+
+
+@pytest.mark.parametrize("share", [0, 1.5])
+def test_a_share_outside_zero_to_one_is_refused_with_what_to_write(share: float) -> None:
+    with pytest.raises(ValueError, match=r"m: flex_share is a share of the list price.*0\.5"):
+        parse_prices({"m": {"input": 2, "output": 8, "flex_share": share}})

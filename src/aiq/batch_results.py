@@ -18,9 +18,6 @@ from .providers.batches import Answers
 from .records import DEAD, DONE, Job, Outcome
 from .run_records import Progress
 
-# A batch job is billed at half the list price (OpenAI's Batch API pricing; Anthropic's
-# Message Batches likewise: "50% of standard API prices").
-BATCH_SHARE = 0.5
 # Line errors that say the line never ran: queued again, no attempt spent.
 _NOT_RUN: dict[str, Requeue] = {"batch_expired": "expired", "batch_cancelled": "cancelled"}
 # errors.data codes of a batch failed on the account's limits, not on its lines.
@@ -41,7 +38,7 @@ def _errors(polled: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 class LineRules:
     """Outcomes of a batch's lines. ``answers`` reads a reply exactly as an online call's;
-    ``prices`` price a done job at ``BATCH_SHARE`` of its list price."""
+    ``prices`` price a done job at its batch share of the list price (aiq.pricing)."""
 
     def __init__(
         self,
@@ -78,7 +75,7 @@ class LineRules:
         price = price_for(model, self._prices)
         cost = None
         if price is not None and reply.usage is not None:
-            cost = price.usage_cost_usd(reply.usage) * BATCH_SHARE
+            cost = price.tier_cost_usd(reply.usage, "batch")  # (half, unless prices: say)
         return outcomes.replied(
             job, reply, started=started, finished=now, model=model, cost_usd=cost
         )

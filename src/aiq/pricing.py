@@ -38,10 +38,12 @@ CACHE_WRITE_1H = 2.0
 CACHE_READ = 0.1
 
 
-# What a tier's tokens cost against the list price: OpenAI prices flex "at Batch API rates"
-# (its flex-processing guide), half the list price (its Batch guide: "50% cost discount").
-# A priority tier costs more, by a table per model not kept here: priced at the list price.
-TIER_SHARE = {"flex": 0.5}
+# What a tier's tokens cost against the list price, unless a model's price says otherwise
+# (``batch_share``, ``flex_share``): a batch is half (OpenAI's Batch guide: "50% cost
+# discount"; Anthropic's Message Batches: "50% of standard API prices"), and OpenAI prices
+# flex "at Batch API rates" (its flex-processing guide). A priority tier costs more, by a
+# table per model not kept here: priced at the list price.
+TIER_SHARE = {"batch": 0.5, "flex": 0.5}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class Price:
     cached_input_per_m: float | None = None  # OpenAI: read from its prompt cache
     cache_write_per_m: float | None = None  # Anthropic: written to the 5-minute cache
     cache_read_per_m: float | None = None  # Anthropic: read from the prompt cache
+    batch_share: float | None = None  # of these prices, in a batch (None: TIER_SHARE's)
+    flex_share: float | None = None  # ...at the flex tier
 
     def cost_usd(self, tokens_in: float, tokens_out: float) -> float:
         """What ``tokens_in`` prompt and ``tokens_out`` completion tokens cost, at the plain
@@ -82,9 +86,15 @@ class Price:
         return (tokens_in * self.input_per_m + tokens_out * self.output_per_m) / 1_000_000
 
     def tier_cost_usd(self, u: Usage, tier: str | None) -> float:
-        """What a reply's usage costs at the tier that served it: flex at its share of the
-        list price (:data:`TIER_SHARE`), any other at the list price."""
-        return self.usage_cost_usd(u) * TIER_SHARE.get(tier or "", 1.0)
+        """What a reply's usage costs at the tier that served it (``batch``: a provider's
+        batch engine): at the model's share for it, else :data:`TIER_SHARE`'s, any other tier
+        at the list price."""
+        return self.usage_cost_usd(u) * self.tier_share(tier)
+
+    def tier_share(self, tier: str | None) -> float:
+        """What ``tier`` costs against these prices."""
+        own = {"batch": self.batch_share, "flex": self.flex_share}.get(tier or "")
+        return own if own is not None else TIER_SHARE.get(tier or "", 1.0)
 
     def usage_cost_usd(self, u: Usage) -> float:
         """What a reply's usage costs, each kind of prompt token at its own rate."""
@@ -221,11 +231,14 @@ def priced_as(model: str | None, table: Mapping[str, object]) -> str | None:
 
 
 _CACHE_KEYS = ("cached_input", "cache_write", "cache_read")  # optional, in Price's order
+_SHARE_KEYS = ("batch_share", "flex_share")  # optional, Price's own names
 
 
 def parse_prices(raw: object) -> dict[str, Price]:
     """The config's ``prices:`` mapping, ``{model: {input: X, output: Y}}`` with optional
-    ``cached_input``, ``cache_write`` and ``cache_read``, validated.
+    ``cached_input``, ``cache_write`` and ``cache_read``, and the shares of those prices a
+    batch and the flex tier cost (``batch_share``, ``flex_share``: above 0, at most 1),
+    validated.
 
     Raises ValueError saying what is wrong (the caller adds how to write it).
     """
@@ -236,18 +249,24 @@ def parse_prices(raw: object) -> dict[str, Price]:
         if (
             not isinstance(entry, Mapping)
             or not {"input", "output"} <= set(entry)
-            or not set(entry) <= {"input", "output", *_CACHE_KEYS}
+            or not set(entry) <= {"input", "output", *_CACHE_KEYS, *_SHARE_KEYS}
         ):
             raise ValueError(
                 f"{model}: {entry!r} is not {{input: USD, output: USD}} (and optionally "
-                f"{', '.join(_CACHE_KEYS)})"
+                f"{', '.join((*_CACHE_KEYS, *_SHARE_KEYS))})"
             )
         for name, v in entry.items():
             if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < math.inf:
                 raise ValueError(f"{model}: {name} must be a number, 0 or more (not {v!r})")
+            if name in _SHARE_KEYS and not 0 < v <= 1:
+                raise ValueError(
+                    f"{model}: {name} is a share of the list price, above 0 and at most 1 "
+                    f"(0.5 for half), not {v!r}"
+                )
         cache = (entry.get(k) for k in _CACHE_KEYS)
+        shares = {k: float(entry[k]) for k in _SHARE_KEYS if k in entry}
         out[str(model)] = Price(
             float(entry["input"]), float(entry["output"]),
-            *(None if v is None else float(v) for v in cache),
+            *(None if v is None else float(v) for v in cache), **shares,
         )  # fmt: skip
     return out

@@ -198,7 +198,7 @@ SETTINGS: dict[str, tuple[Check, str]] = {
     "prices": (
         _prices,
         "{model: {input: USD per 1M tokens, output: USD per 1M tokens}, ...}, each with "
-        "cached_input, cache_write, cache_read if you like",
+        "cached_input, cache_write, cache_read, batch_share, flex_share if you like",
     ),
     "metrics_file": (_optional(_text()), "the path of a file to write metrics to"),
     "order": (_one_of(*ORDERS), " | ".join(ORDERS)),
