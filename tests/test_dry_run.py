@@ -14,7 +14,7 @@ from fakeserver import FakeServer
 pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 # Round prices, so the expected cost is plain arithmetic: $1 and $2 per million tokens.
-CONFIG = "prices:\n  m: {input: 1.0, output: 2.0}\n"
+CONFIG = "prices:\n  m: {input: 1.0, output: 2.0, batch_share: 0.4}\n"
 
 
 def _line(custom_id: str, prompt: str, **extra: object) -> str:
@@ -53,6 +53,11 @@ def test_forecast_counts_tokens_and_cost_per_model_and_the_eta(tmp_path: Path) -
     assert models["no-such-model"]["cost_usd"] is None  # unknown, not 0
     assert f["unpriced_models"] == ["no-such-model"]
     assert math.isclose(f["cost_usd"], models["m"]["cost_usd"] + mini["cost_usd"])
+    # Each way of sending: flex at half; batch at m's own share (0.4), half for gpt-4o-mini.
+    by_via = f["cost_usd_by_via"]
+    assert by_via["online"] == f["cost_usd"]
+    assert math.isclose(by_via["flex"], f["cost_usd"] / 2)
+    assert math.isclose(by_via["batch"], models["m"]["cost_usd"] * 0.4 + mini["cost_usd"] / 2)
     assert f["tokens"] == 233 + 28 + 12
     # Limits hold per model: model m's 233 tokens at 300/min take 46.6 s (its 2 requests at
     # 60/min, 2 s); the other models, side by side, take less. Tokens set the ETA.
@@ -73,6 +78,7 @@ def test_text_report_names_each_model_and_says_when_no_limit_is_set(tmp_path: Pa
     assert "  m " in proc.stdout
     assert "no limit configured" in proc.stdout
     assert "may be outdated" in proc.stdout
+    assert "by way of sending: online $" in proc.stdout and "--via batch $" in proc.stdout
     assert "2 requests set no max_tokens" in proc.stdout
 
 

@@ -137,6 +137,16 @@ class Forecast:
         costs = [c for m in self.models.values() if (c := m.cost_usd) is not None]
         return sum(costs) if costs or not self.requests else None
 
+    def tier_cost_usd(self, tier: str) -> float | None:
+        """The estimated total sent another way (``batch``, ``flex``): each model's cost at
+        its share for that tier (aiq.pricing); None as for :attr:`cost_usd`."""
+        costs = [
+            c * m.price.tier_share(tier)
+            for m in self.models.values()
+            if (c := m.cost_usd) is not None and m.price is not None
+        ]
+        return sum(costs) if costs or not self.requests else None
+
     @property
     def cost_usd_high(self) -> float | None:
         """The total with every model's prompts at the highest ratio one of its replies
@@ -193,6 +203,11 @@ class Forecast:
             "tokens": self.tokens,
             "cost_usd": self.cost_usd,
             "cost_usd_high": self.cost_usd_high,
+            "cost_usd_by_via": {
+                "online": self.cost_usd,
+                "flex": self.tier_cost_usd("flex"),
+                "batch": self.tier_cost_usd("batch"),
+            },
             "unpriced_models": self.unpriced,
             "rpm": self.rpm,
             "tpm": self.tpm,

@@ -39,6 +39,8 @@ def forecast_lines(f: Forecast) -> list[str]:
         )
     lines.append(f"  {'total':<{width}}  {f.requests:>8,} requests  {f.tokens:>10,} tokens  "
                  f"{usd(f.cost_usd)}" + (" (an estimate)" if f.requests else ""))  # fmt: skip
+    if f.requests and f.cost_usd is not None:
+        lines.append(_tiers_line(f))
     if f.unpriced:
         names = ", ".join(str(m) for m in f.unpriced)
         lines.append(
@@ -48,6 +50,15 @@ def forecast_lines(f: Forecast) -> list[str]:
     lines.append(PRICES_NOTE)
     lines.append(_eta_line(f))
     return lines
+
+
+def _tiers_line(f: Forecast) -> str:
+    """The total by way of sending: online at the list price, the others at their share."""
+    return (
+        f"  by way of sending: online {usd(f.cost_usd)}, --via flex {usd(f.tier_cost_usd('flex'))}"
+        f" (OpenAI), --via batch {usd(f.tier_cost_usd('batch'))} (within 24 h; the eta below "
+        "is online's)"
+    )
 
 
 def _basis_lines(f: Forecast) -> list[str]:
