@@ -18,7 +18,7 @@ from fakes import FakeClock, SharedClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiq.budget import BUCKET_SKEW_S
+from aiq.budget import BUCKET_SKEW_S, CALENDAR_MARGIN_S
 from aiq.limiter import HEADROOM, WINDOW_S, Budget, RateLimiter, RequestTooLarge
 from aiq.limiters import Limiters
 from aiq.ratelimit_headers import RateLimitInfo, Window
@@ -822,3 +822,21 @@ def test_a_routers_60_s_upper_bound_is_cut_to_its_minutes_turn_under_headers_too
     wait_s = lim.rate_limited(60.0, upper_bound=True)
     assert wait_s is not None and wait_s == pytest.approx(20.5)  # the turn, 0.5 s late
     assert lim.rate_limited(7.0, upper_bound=False) == 7.0  # an exact hint is kept
+
+
+def test_a_minute_shown_without_a_reset_is_used_from_its_turn_after_a_refused_burst() -> None:
+    """LiteLLM's router counts per calendar minute and shows ``remaining`` with no reset. A
+    burst of 599 refused 15 s before the minute turns: from the turn, the new minute's count
+    rules, paced; not a sliding 60 s from the burst (which held the rest 45 s too long)."""
+    budget = Budget(600)  # configured: presumed a bucket until headers show the window
+    entries = [budget.book(0.0, 1) for _ in range(599)]
+    budget.sync(0.4, Window(600, 1, None), entries[0], minute_left_s=14.6)
+    budget.stop_bursting(0.5)  # the 600th refused
+    budget.sync(0.6, Window(600, 0, None), entries[-1], minute_left_s=14.4, refused=True)
+    turn = 15.0 + CALENDAR_MARGIN_S
+    first = budget.ready_at(0.6, 1)
+    assert turn - 1e-6 <= first <= turn + 60 / (600 * HEADROOM) + 1e-6  # at the turn, not at 60 s
+    budget.book(first, 1)
+    budget.sync(first + 0.2, Window(600, 598, None), minute_left_s=59.3)
+    second = budget.ready_at(first + 0.2, 1)
+    assert second <= first + 0.2 + 60 / (600 * HEADROOM) + 1e-6  # then the pace, not a wait

@@ -292,7 +292,11 @@ class Budget:
         if own and not self.shown:  # the limit's own window, shown: it rules from now
             self.shown = True
             self.presumed = False  # (the pace keeps what the burst owes it)
-        self._guard = self.burst_off or not own  # (not over a bucket: set there)
+        # The 60-second guard once a burst was refused (not over a bucket: set there), but
+        # not where the window has no reset: that is taken for a calendar minute (LiteLLM's
+        # router), whose own count says what may go from its turn. Guarded, a burst refused
+        # 15 s before the turn held the rest a whole minute from the burst.
+        self._guard = (self.burst_off and reported.reset_s is not None) or not own
         self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
