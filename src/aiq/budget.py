@@ -11,8 +11,9 @@ three things:
 - **A guard** over the last 60 s while the provider has said nothing about its window (or a
   burst was refused): no booking that would put more than the limit into any 60-second
   window, which pacing alone lets a large token request do at the end of a full window.
-- **The provider's window as its headers last showed it** (:meth:`Budget.sync`): what it
-  says is left may go now, no more before its reset, and at the reset the pace starts over.
+- **The provider's window as its headers last showed it** (:meth:`Budget.sync`, in
+  :mod:`aiq.window_sync`): what it says is left may go now, no more before its reset, and at
+  the reset the pace starts over.
 """
 
 from __future__ import annotations
@@ -20,29 +21,13 @@ from __future__ import annotations
 import math
 
 from .booking_log import Booking, BookingLog
-from .ratelimit_headers import Window
+from .window_sync import CALENDAR_MARGIN_S, EPSILON_S, WINDOW_S, WindowSync, _Share
 
-WINDOW_S = 60.0
+__all__ = ["CALENDAR_MARGIN_S", "HEADROOM", "WINDOW_S", "Budget", "RequestTooLarge"]
+
 # Pace at this share of a limit: requests leave the event loop a few ms late now and then, so
 # an exact pace would sometimes put one request too many into a provider's one-second window.
 HEADROOM = 0.98
-# A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
-_EPSILON_S = 1e-6
-# A window that says what is left but not when it refills (LiteLLM's router counts per
-# calendar minute, its cache key the UTC minute): it is taken to refill at the next minute of
-# the clock, this long after, for clocks that differ by a little.
-CALENDAR_MARGIN_S = 0.5
-# Senders booked ahead are let go into what a window says is left at most this often: each
-# time wakes every sender. (Whether there is room is looked at on every reply: it costs a sum.)
-REBOOK_EVERY_S = 0.025
-# Another client's share of a bucket is learned this fast: a sample this many tokens emptier
-# than the model said moves the share by one token a second (so a steady share is found in
-# about this many seconds, the noise of a stale sample averaged over as long).
-OUTSIDE_TAU_S = 1.0
-_OUTSIDE_MAX = 0.9  # of the refill: some always left to find out that it stopped
-# A provider's reset shorter than this describes a short window (per-second or 10-second
-# enforcement): what it says is left is what it enforces.
-SHORT_WINDOW_S = 10.0
 # What a bucket refills in this long is kept back at its bottom. Our model of it starts
 # refilling at our first booking, the provider's at the first arrival, a connection's
 # handshake (and a busy event loop) later, so at the bottom ours runs ahead by about that
@@ -56,31 +41,7 @@ class RequestTooLarge(Exception):
     """One request needs more tokens than the whole tokens-per-minute limit: it never fits."""
 
 
-class _Share:
-    """Of a bucket's refill, what another client on the key spends (per second): learned
-    from samples of the bucket emptier than our own bookings explain (raised) or fuller
-    (lowered: it stopped). Requests only: a token booking is an estimate, and Anthropic
-    reserves max_tokens on arrival, so a token bucket is emptier than its model by design."""
-
-    __slots__ = ("learns", "rate", "sampled_at")
-
-    def __init__(self, learns: bool) -> None:
-        self.learns = learns
-        self.rate = 0.0
-        self.sampled_at = -math.inf
-
-    def learn(self, owed: float, expected: float, nominal: float) -> None:
-        """The sample says the bucket owes ``owed``, the model said ``expected``."""
-        # (A bucket full, or predicted so, hides what was spent: nothing to learn.)
-        if owed >= 1 and expected >= 1 and self.sampled_at > -math.inf:
-            # (Raised faster than lowered: a share guessed low sends into an empty bucket.)
-            missing = owed - expected
-            tau_s = OUTSIDE_TAU_S if missing > 0 else 2 * OUTSIDE_TAU_S
-            rate = self.rate + missing / tau_s
-            self.rate = min(_OUTSIDE_MAX * nominal, max(0.0, rate))
-
-
-class Budget:
+class Budget(WindowSync):
     """One per-minute limit: its pace, its log of the last minute's bookings, and the
     provider's window as its headers last showed it.
 
@@ -179,7 +140,7 @@ class Budget:
                 if e.at > at - WINDOW_S:
                     if used + cost <= self.per_minute:
                         break
-                    at = e.at + WINDOW_S + _EPSILON_S
+                    at = e.at + WINDOW_S + EPSILON_S
                 used -= e.cost
         if not self._bucket:
             return at
@@ -245,178 +206,6 @@ class Budget:
         self._own_full_at += drain
         self._seen_full_at += drain
         self._log.adjust(entry, cost)
-
-    def sync(
-        self,
-        now: float,
-        reported: Window,
-        entry: Booking | None = None,
-        *,
-        minute_left_s: float,
-        refused: bool = False,
-    ) -> bool:
-        """Follow what the provider says about this budget in the headers of the reply to
-        ``entry``'s request; True if slots booked ahead are to be booked again: the limit is
-        lower (they are too close), or what is left may go now (they are too far).
-
-        The sample is the provider's window, replacing the last one, never a count to add to
-        ours: ``remaining`` is what may still go, less what we booked after the request it
-        answers (the provider may count at arrival, so a reply is a latency old), and
-        ``reset`` when the window is full again. So usage beyond ours (another client on the
-        key) holds back only until the window has refilled, never later.
-
-        - **A minute's bucket** (``remaining + reset * limit / 60`` is the limit: OpenAI's,
-          full at the start, ``reset`` the time to full): what it holds may go at once
-          (:attr:`burst`), then the pace at which it refills. A 429 ends bursts for the run
-          (per-second enforcement behind minute headers); the bucket still says what is left.
-        - **Any other window**: no more than ``remaining`` before ``reset`` (with none, the
-          next minute of the clock: LiteLLM counts calendar minutes), when the window has
-          refilled and the pace starts over. Where the window is short (per-second or
-          10-second enforcement, fixed or refilled) or has no reset, ``remaining`` may go at
-          once; over a sliding minute, at the pace.
-        """
-        rebook = self._follow_limit(now, reported.limit)
-        if reported.remaining is None:
-            return rebook
-        # What the model of a bucket said before this sample, to learn from the difference.
-        predicted = (max(self._own_full_at, self._seen_full_at), self._refill)
-        remaining = float(reported.remaining)
-        window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
-        per_s = window_limit / WINDOW_S
-        reset = reported.reset_s
-        # A configured limit under the provider's is the user's own, the provider's window
-        # (Groq's requests per day) a ceiling for it.
-        own = window_limit <= self.per_minute * 1.05
-        if own or not self.presumed:  # (a presumed bucket refills at its own limit's pace)
-            self._refill = per_s * self._headroom
-        if own and not self.shown:  # the limit's own window, shown: it rules from now
-            self.shown = True
-            self.presumed = False  # (the pace keeps what the burst owes it)
-        # The 60-second guard once a burst was refused (not over a bucket: set there), but
-        # not where the window has no reset: that is taken for a calendar minute (LiteLLM's
-        # router), whose own count says what may go from its turn. Guarded, a burst refused
-        # 15 s before the turn held the rest a whole minute from the burst.
-        self._guard = (self.burst_off and reported.reset_s is not None) or not own
-        self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
-        self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
-        self._seen_full_at = -math.inf
-        if self._bucket:
-            # (A 429's sample: its own request is in the model, not in the provider's count.)
-            learn = not refused
-            return self._sync_bucket(now, remaining, window_limit, predicted, learn) or rebook
-        # What is left may go at once where the provider says its window is short (then
-        # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
-        # longer one, it is a ceiling for the pace (a minute may be enforced per second).
-        # (A short window holds at most its seconds' share of the limit: more left than
-        # that, with a short reset, is a longer window's count, Groq's requests per day.)
-        short = reset is not None and reset < SHORT_WINDOW_S
-        short = short and remaining <= window_limit * SHORT_WINDOW_S / WINDOW_S + 1
-        self.burst = own and not self.burst_off and (reset is None or short)
-        # A hair after the reset, so a boundary's float rounding never counts it as before.
-        until = now + _EPSILON_S
-        until += reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S
-        return self._sync_window(now, remaining, until, entry) or rebook
-
-    def _shows_bucket(self, remaining: float, reset: float | None, limit: float) -> bool:
-        """Whether a sample of the limit's own window is a minute's bucket's: what is left
-        and what refills by the reset add up to the limit (OpenAI's, full at the start)."""
-        if reset is None:
-            return False
-        full = remaining + reset * limit / WINDOW_S
-        # A bucket fits every sample; one far off (a sliding minute's first: little used and
-        # a minute to go, half again over the limit) says the window is something else, for
-        # the run. One a little off (a rounded reset, a late reply) is only not a bucket's.
-        if full > 1.5 * limit:
-            self._not_bucket = True
-        return abs(full - limit) <= max(2.0, 0.05 * limit) and not self._not_bucket
-
-    def _follow_limit(self, now: float, reported: int | None) -> bool:
-        """A limit the provider reports below ours wins; True if slots booked ahead at the
-        old pace were taken back (too close for the new one)."""
-        if not reported:
-            return False
-        limit = min(self._ceiling, reported)
-        if limit == self.per_minute:
-            return False
-        lower = limit < self.per_minute
-        self.set_limit(limit)
-        if lower:
-            self.drop_ahead(now)
-        return lower
-
-    def _sync_bucket(
-        self,
-        now: float,
-        remaining: float,
-        capacity: float,
-        predicted: tuple[float, float],
-        learn: bool = True,
-    ) -> bool:
-        """A minute's bucket sampled: ``remaining`` from full. True if a burst begins.
-
-        ``predicted`` is when the model said it would be full, at what refill: a bucket
-        emptier than that was spent by another client on the key, and its share is learned
-        as a rate (``_outside``) taken from the refill, so the model stops sending into a
-        bucket it keeps finding empty; fuller, and the share shrinks back (it stopped)."""
-        rebook = False
-        # A bucket allows more than a minute's worth in a minute: no 60-second guard.
-        self._guard = False
-        self._capacity = capacity
-        if not self.burst_off and not self.burst:
-            self.burst = rebook = True  # slots booked ahead at the pace may go now
-            self.drop_ahead(now)
-        # Our bookings not sent yet come on top of what the bucket is from full. Only those:
-        # the ones sent since the request this answers may be counted already (a reply's
-        # headers may be written as it leaves), and a bucket's debt is paid at its refill, a
-        # minute for a minute's worth; our own bookings drain the model of it apart
-        # (``_own_full_at``), so a stale sample sends no more.
-        owed = capacity - remaining + self._log.ahead(now)
-        nominal = self._refill  # (sync set it from the provider's limit)
-        full_at, refill = predicted
-        share = self._outside
-        if learn and share.learns:
-            share.learn(owed, max(0.0, full_at - now) * refill, nominal)
-        share.sampled_at = now
-        new = nominal - share.rate
-        if self._own_full_at > now:  # (what our bookings owe, kept, at the new refill)
-            self._own_full_at = now + (self._own_full_at - now) * refill / new
-        self._refill = new
-        if abs(new - self._booked_refill) > 0.1 * nominal and now >= self._rebook_check_at:
-            # Slots booked ahead at the old share are too close or too far: booked again.
-            self._rebook_check_at = now + REBOOK_EVERY_S
-            self._booked_refill = new
-            self.drop_ahead(now)
-            rebook = True
-            owed = capacity - remaining + self._log.ahead(now)
-        self._seen_full_at = now + owed / new
-        return rebook
-
-    def _sync_window(
-        self, now: float, remaining: float, until: float, entry: Booking | None
-    ) -> bool:
-        """Any other window sampled: no more than ``remaining`` (less what it may not have
-        counted) before ``until``, the pace starting over there. True if slots booked ahead
-        may go now into what it says is left."""
-        rebook = False
-        self._peak = max(self._peak, remaining)
-        unseen = self._unseen(now, entry)
-        # Room for slots booked ahead: they are booked again, at most now and then (each time
-        # wakes every sender). Only a look that finds room waits for the next: a bunch of
-        # replies comes at once, and the first of them may show none where a later one does.
-        log = self._log
-        room = self.burst and log.last_at > now and remaining - unseen + log.ahead(now) >= 1
-        if room and now >= self._rebook_check_at:
-            self._rebook_check_at = now + REBOOK_EVERY_S
-            rebook = True  # slots booked ahead at the pace may go now
-            self.drop_ahead(now)
-            unseen = self._unseen(now, entry)
-        self._cap_left, self._cap_until, self._fresh_at = remaining - unseen, until, until
-        return rebook
-
-    def _unseen(self, now: float, entry: Booking | None) -> float:
-        """What we booked that the provider's count in the reply to ``entry`` may not hold:
-        everything booked after it (or after ``now``, with no entry)."""
-        return self._log.ahead(now) if entry is None else self._log.after(entry)
 
     def drop_ahead(self, now: float) -> None:
         """Take back every slot booked after ``now`` (their senders book again, told so by

@@ -3,12 +3,12 @@
 A :class:`RateLimiter` holds a :class:`~aiq.budget.Budget` per limit (how each paces, guards
 and follows the provider's window is there) and hands out a slot that fits both: requests
 wait for it in :meth:`RateLimiter.acquire`. It follows each reply's rate-limit headers
-(:meth:`RateLimiter.observe`): a limit the provider reports below the configured one wins
-(slots booked at the old pace are booked again), and what its window says is left may go at
-once, until the first 429 (:meth:`RateLimiter.rate_limited`), after which the run paces. A
-429's pause holds every caller. Token estimates are settled against each reply's usage, and
-the prompt estimate learns the ratio. Time comes from the injected clocks, so tests drive it
-without sleeping.
+(:meth:`RateLimiter.observe`, in :mod:`aiq.feedback`): a limit the provider reports below
+the configured one wins (slots booked at the old pace are booked again), and what its window
+says is left may go at once, until the first 429 (:meth:`RateLimiter.rate_limited`), after
+which the run paces. A 429's pause holds every caller. Token estimates are settled against
+each reply's usage, and the prompt estimate learns the ratio. Time comes from the injected
+clocks, so tests drive it without sleeping.
 """
 
 from __future__ import annotations
@@ -20,17 +20,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from .booking_log import Booking
-from .budget import CALENDAR_MARGIN_S, HEADROOM, WINDOW_S, Budget, RequestTooLarge
-from .ratelimit_headers import RateLimitInfo
+from .budget import HEADROOM, WINDOW_S, Budget, RequestTooLarge
+from .feedback import Feedback
 from .refusal_limit import PROBE_WAIT_S, RefusalLimit
 from .slot_waits import SlotWaits
 from .split_tokens import NO_SPLIT, SplitCost, SplitTokens
 from .tokens import LearnedRatio
 
 __all__ = ["HEADROOM", "WINDOW_S", "Budget", "RateLimiter", "RequestTooLarge", "Ticket"]
-
-# Told a limit, this share of it sent in a window before a 429 is the limit met.
-_MET = 0.8
 
 
 @dataclass(slots=True)
@@ -59,7 +56,7 @@ class Limits:
     otpm: float | None = None
 
 
-class RateLimiter:
+class RateLimiter(Feedback):
     """Paces calls under optional requests/min and tokens/min limits, configured or learned."""
 
     def __init__(
@@ -356,106 +353,6 @@ class RateLimiter:
         elif ticket.window is not None:
             self._refusal.forget(ticket.window)  # a probe lost: another may go
             ticket.window = None
-
-    def observe(
-        self, info: RateLimitInfo | None, ticket: Ticket | None = None, *, refused: bool = False
-    ) -> None:
-        """Follow the provider's rate-limit headers from the reply (or error) to ``ticket``
-        (:meth:`Budget.sync`); ``refused``: its 429's (the provider did not count it)."""
-        if info is None:
-            return
-        now = self._clock()
-        minute_left_s = WINDOW_S - self._wall() % WINDOW_S
-        rebook = False
-        for kind, window in (("requests", info.requests), ("tokens", info.tokens)):
-            budget = self._requests if kind == "requests" else self._tokens
-            if budget is None:
-                if not window.limit:
-                    continue
-                if kind == "tokens" and info.split_tokens:
-                    # Anthropic's ``tokens-*`` is the tighter of its input and output limits:
-                    # those are followed apart, each counted its own way.
-                    continue
-                # A limit nobody configured: learn it from the provider.
-                budget = Budget(
-                    window.limit,
-                    headroom=self._headroom,
-                    configured=False,
-                    outside=kind == "requests",
-                )
-                if kind == "requests":
-                    self._requests = budget
-                else:
-                    self._tokens = budget
-                self.learned = True
-            entry = None
-            if ticket is not None:
-                entry = ticket.request if kind == "requests" else ticket.tokens
-            rebook = (
-                budget.sync(now, window, entry, minute_left_s=minute_left_s, refused=refused)
-                or rebook
-            )
-        if info.split_tokens:
-            if self._split is None:
-                started_at = self._first_at if self._first_at is not None else now
-                self._split = SplitTokens(headroom=self._headroom, started_at=started_at)
-                self.learned = True
-            entries = ticket.split if ticket is not None else (None, None)
-            split = self._split.sync(now, info, entries, minute_left_s=minute_left_s)
-            rebook = split or rebook
-        if rebook:
-            self._rebook_all(now)
-
-    def _rebook_all(self, now: float) -> None:
-        # Every sender books again, in every budget: a slot still held in one would keep the
-        # senders behind it there.
-        for budget in self._budgets():
-            budget.drop_ahead(now)
-        if self._split is not None:
-            self._split.taken_back(now)
-        self._slots.wake_all()
-
-    def rate_limited(
-        self,
-        retry_after_s: float | None = None,
-        *,
-        upper_bound: bool = False,
-        ticket: Ticket | None = None,
-    ) -> float | None:
-        """The provider answered 429, asking to wait ``retry_after_s`` (None: no hint);
-        returns how long to wait as far as its window goes (None: no hint to go by).
-
-        No more bursts in this run, only the pace. A server that reports no limit has just
-        shown one: what got through in its window (:mod:`aiq.refusal_limit`), the window
-        turning when the hint says, or with none, at the clock's next minute. A hint that is
-        only an upper bound (LiteLLM's router asks for 60 s, but counts calendar minutes)
-        is cut to that minute's turn.
-        """
-        now = self._clock()
-        for budget in self._budgets():
-            budget.stop_bursting(now)
-        minute_s = WINDOW_S - self._wall() % WINDOW_S + CALENDAR_MARGIN_S
-        if self._headers_rule():
-            if upper_bound and retry_after_s is not None:
-                # (LiteLLM's router shows its minute's count in headers too, and asks 60 s.)
-                return min(retry_after_s, minute_s)
-            return retry_after_s
-        exact = retry_after_s is not None and not upper_bound
-        ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
-        refusal = self._refusal
-        sent_at = ticket.sent_at if ticket is not None else None
-        # A configured request limit whose window no header shows: met, or not its window.
-        # What was sent in it counts, answered or still out, refused ones given back: by
-        # now, not by the refused one's slot (senders go a little after their slots, so
-        # one booked later may have gone, and been counted, first).
-        met = None
-        if (requests := self._requests) is not None:
-            start = refusal.window_start(now + ends_in)
-            met = requests.booked(start, now) >= _MET * requests.per_minute
-        refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at, met=met)
-        if refusal.limit is not None:
-            self._slots.wake_all()  # senders let go, or held for a probe, book again
-        return refusal.wait_s(now, retry_after_s, upper_bound=upper_bound, minute_s=minute_s)
 
     def wait_s(self) -> float:
         """Seconds until the next request booked for later goes, or with none booked, until

@@ -1,0 +1,152 @@
+"""How a :class:`~aiq.limiter.RateLimiter` follows what the provider says back: the
+rate-limit headers of each reply (:meth:`Feedback.observe`, each limit's window followed by
+its :class:`~aiq.budget.Budget`, a limit nobody configured learned from them) and its 429s
+(:meth:`Feedback.rate_limited`: bursts end for the run; where no header shows a window, the
+429s teach one, :mod:`aiq.refusal_limit`). The limiter's own half (booking and waiting) is
+in :mod:`aiq.limiter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from .booking_log import Booking
+from .budget import CALENDAR_MARGIN_S, WINDOW_S, Budget
+from .ratelimit_headers import RateLimitInfo
+from .refusal_limit import RefusalLimit
+from .slot_waits import SlotWaits
+from .split_tokens import SplitTokens
+
+# Told a limit, this share of it sent in a window before a 429 is the limit met.
+_MET = 0.8
+
+
+class Ticket(Protocol):
+    """What feedback reads of a request's :class:`~aiq.limiter.Ticket`: its bookings."""
+
+    request: Booking | None
+    tokens: Booking | None
+    split: tuple[Booking | None, Booking | None]
+    sent_at: float
+
+
+class Feedback:
+    """:class:`~aiq.limiter.RateLimiter`'s reading of replies and 429s (its state is set and
+    documented in ``RateLimiter.__init__``)."""
+
+    learned: bool
+    _headroom: float
+    _clock: Callable[[], float]
+    _wall: Callable[[], float]
+    _requests: Budget | None
+    _tokens: Budget | None
+    _split: SplitTokens | None
+    _refusal: RefusalLimit
+    _slots: SlotWaits
+    _first_at: float | None
+
+    if TYPE_CHECKING:
+
+        def _budgets(self) -> list[Budget]: ...
+        def _headers_rule(self) -> bool: ...
+
+    def observe(
+        self, info: RateLimitInfo | None, ticket: Ticket | None = None, *, refused: bool = False
+    ) -> None:
+        """Follow the provider's rate-limit headers from the reply (or error) to ``ticket``
+        (:meth:`Budget.sync`); ``refused``: its 429's (the provider did not count it)."""
+        if info is None:
+            return
+        now = self._clock()
+        minute_left_s = WINDOW_S - self._wall() % WINDOW_S
+        rebook = False
+        for kind, window in (("requests", info.requests), ("tokens", info.tokens)):
+            budget = self._requests if kind == "requests" else self._tokens
+            if budget is None:
+                if not window.limit:
+                    continue
+                if kind == "tokens" and info.split_tokens:
+                    # Anthropic's ``tokens-*`` is the tighter of its input and output limits:
+                    # those are followed apart, each counted its own way.
+                    continue
+                # A limit nobody configured: learn it from the provider.
+                budget = Budget(
+                    window.limit,
+                    headroom=self._headroom,
+                    configured=False,
+                    outside=kind == "requests",
+                )
+                if kind == "requests":
+                    self._requests = budget
+                else:
+                    self._tokens = budget
+                self.learned = True
+            entry = None
+            if ticket is not None:
+                entry = ticket.request if kind == "requests" else ticket.tokens
+            rebook = (
+                budget.sync(now, window, entry, minute_left_s=minute_left_s, refused=refused)
+                or rebook
+            )
+        if info.split_tokens:
+            if self._split is None:
+                started_at = self._first_at if self._first_at is not None else now
+                self._split = SplitTokens(headroom=self._headroom, started_at=started_at)
+                self.learned = True
+            entries = ticket.split if ticket is not None else (None, None)
+            split = self._split.sync(now, info, entries, minute_left_s=minute_left_s)
+            rebook = split or rebook
+        if rebook:
+            self._rebook_all(now)
+
+    def _rebook_all(self, now: float) -> None:
+        # Every sender books again, in every budget: a slot still held in one would keep the
+        # senders behind it there.
+        for budget in self._budgets():
+            budget.drop_ahead(now)
+        if self._split is not None:
+            self._split.taken_back(now)
+        self._slots.wake_all()
+
+    def rate_limited(
+        self,
+        retry_after_s: float | None = None,
+        *,
+        upper_bound: bool = False,
+        ticket: Ticket | None = None,
+    ) -> float | None:
+        """The provider answered 429, asking to wait ``retry_after_s`` (None: no hint);
+        returns how long to wait as far as its window goes (None: no hint to go by).
+
+        No more bursts in this run, only the pace. A server that reports no limit has just
+        shown one: what got through in its window (:mod:`aiq.refusal_limit`), the window
+        turning when the hint says, or with none, at the clock's next minute. A hint that is
+        only an upper bound (LiteLLM's router asks for 60 s, but counts calendar minutes)
+        is cut to that minute's turn.
+        """
+        now = self._clock()
+        for budget in self._budgets():
+            budget.stop_bursting(now)
+        minute_s = WINDOW_S - self._wall() % WINDOW_S + CALENDAR_MARGIN_S
+        if self._headers_rule():
+            if upper_bound and retry_after_s is not None:
+                # (LiteLLM's router shows its minute's count in headers too, and asks 60 s.)
+                return min(retry_after_s, minute_s)
+            return retry_after_s
+        exact = retry_after_s is not None and not upper_bound
+        ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
+        refusal = self._refusal
+        sent_at = ticket.sent_at if ticket is not None else None
+        # A configured request limit whose window no header shows: met, or not its window.
+        # What was sent in it counts, answered or still out, refused ones given back: by
+        # now, not by the refused one's slot (senders go a little after their slots, so
+        # one booked later may have gone, and been counted, first).
+        met = None
+        if (requests := self._requests) is not None:
+            start = refusal.window_start(now + ends_in)
+            met = requests.booked(start, now) >= _MET * requests.per_minute
+        refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at, met=met)
+        if refusal.limit is not None:
+            self._slots.wake_all()  # senders let go, or held for a probe, book again
+        return refusal.wait_s(now, retry_after_s, upper_bound=upper_bound, minute_s=minute_s)
