@@ -71,6 +71,7 @@ class Budget(WindowSync):
         self._tat = -math.inf
         self._log = BookingLog(WINDOW_S)  # (in time order: the guard relies on it)
         self._guard = True  # the 60-second guard, while the provider's window is unknown
+        self._calendar = False  # the last sample showed no reset: a calendar minute's count
         # A minute's bucket refilled continuously (OpenAI's, full at the start), once the
         # headers show one: its capacity, refill, and when it is full again.
         self._bucket = False
@@ -227,18 +228,26 @@ class Budget(WindowSync):
             self._own_full_at = min(self._own_full_at, max(full_at, now))
 
     def stop_bursting(self, now: float) -> None:
-        """A 429: whatever the headers say, pace from now to the end of the run (and guard
-        the minute, unless the headers show a bucket, which allows more). The pace starts
-        from now: a burst moved it a minute ahead, and the bucket still holds what is left.
-        A presumed bucket was wrong: pace evenly from now, with no guard (a server that
-        shows no window is learned from its 429s: :mod:`aiq.refusal_limit`)."""
+        """A 429: pace from now to the end of the run (and guard the minute, unless the
+        headers show a bucket, which allows more), unless it is the window's count met as its
+        headers showed it. The pace starts from now: a burst moved it a minute ahead, and the
+        bucket still holds what is left. A presumed bucket was wrong: pace evenly from now,
+        with no guard (a server that shows no window is learned from its 429s:
+        :mod:`aiq.refusal_limit`)."""
         if self.presumed:
             self.presumed, self._tat, self._guard = False, now, False
             self.burst_off = True
             return
+        if self.burst and not self._bucket and now < self._cap_until and self._cap_left <= 1:
+            # Refused where the headers said the window was spent, or all but one (LiteLLM's
+            # router lets N-1 through and shows N): its own count met, no sign of a shorter
+            # window. Its turn refills it whole (paced and guarded, the rest waited a minute).
+            self._cap_left = min(self._cap_left, 0.0)  # (the one it showed is not there)
+            return
         if self.burst and self._bucket:
             self._tat = min(self._tat, now)
-        self.burst, self.burst_off, self._guard = False, True, not self._bucket
+        self.burst, self.burst_off = False, True
+        self._guard = not self._bucket and not self._calendar  # (as ``sync`` sets it)
 
     def next_booked(self, now: float) -> float | None:
         """When the earliest booking after ``now`` goes (refunded ones are no request)."""

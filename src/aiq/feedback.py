@@ -128,7 +128,11 @@ class Feedback:
         now = self._clock()
         for budget in self._budgets():
             budget.stop_bursting(now)
-        minute_s = WINDOW_S - self._wall() % WINDOW_S + CALENDAR_MARGIN_S
+        # The clock's minute turns after the one the refused request was sent in: a reply
+        # that comes back after a turn is the last minute's refusal, not the new one's.
+        sent_s = min(max(0.0, now - ticket.sent_at), WINDOW_S) if ticket is not None else 0.0
+        wall = self._wall() - sent_s
+        minute_s = max(0.0, WINDOW_S - wall % WINDOW_S - sent_s) + CALENDAR_MARGIN_S
         if self._headers_rule():
             if upper_bound and retry_after_s is not None:
                 # (LiteLLM's router shows its minute's count in headers too, and asks 60 s.)

@@ -164,8 +164,10 @@ class RefusalLimit:
             self._lower(now)
         elif not self._confirmed and now >= self._probe_at:
             self._probe_refused(now, window_end)
-        elif self.limit is not None and now < self._learned[1]:
-            pass  # another of the round that taught the limit (they were in flight together)
+        elif self.limit is not None and start < self._learned[1]:
+            # Another of the round that taught the limit (in flight together), or one sent
+            # a hair before the turn it named (its 429 comes after it).
+            pass
         elif self.limit is not None and self._confirmed:
             self._refused_after_turn(now)
         else:

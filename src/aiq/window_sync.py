@@ -73,6 +73,7 @@ class WindowSync:
     _ceiling: float
     _log: BookingLog
     _guard: bool
+    _calendar: bool
     _bucket: bool
     _not_bucket: bool
     _capacity: float
@@ -142,7 +143,8 @@ class WindowSync:
         # not where the window has no reset: that is taken for a calendar minute (LiteLLM's
         # router), whose own count says what may go from its turn. Guarded, a burst refused
         # 15 s before the turn held the rest a whole minute from the burst.
-        self._guard = (self.burst_off and reported.reset_s is not None) or not own
+        self._calendar = own and reset is None
+        self._guard = (self.burst_off and not self._calendar) or not own
         self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
