@@ -77,7 +77,7 @@ class LineRules:
         if price is not None and reply.usage is not None:
             cost = price.tier_cost_usd(reply.usage, "batch")  # (half, unless prices: say)
         return outcomes.replied(
-            job, reply, started=started, finished=now, model=model, cost_usd=cost
+            job, reply, started=started, finished=now, model=model, cost_usd=cost, tier="batch"
         )
 
     def failed(self, job: Job, err: ProviderError, *, started: float) -> Outcome:
