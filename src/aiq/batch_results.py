@@ -136,6 +136,7 @@ def count(progress: Progress, block: list[Outcome]) -> None:
                 p.unpriced += 1
             else:
                 p.cost_usd += o.cost_usd
+            p.billed(o.tier, o.cost_usd)
         elif o.state == DEAD:
             p.dead += 1
             p.dead_now += 1
