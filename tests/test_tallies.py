@@ -26,7 +26,7 @@ from aiq.outputs import _stamp
 from aiq.records import Job, Outcome, Source
 from aiq.requestfile import read_requests
 from aiq.retention import prune
-from aiq.stops import TRUNCATED
+from aiq.stops import CONTENT_FILTER, TRUNCATED
 from aiq.store import JobStore
 from aiq.usage import Usage
 
@@ -92,6 +92,20 @@ async def _check(store: JobStore, now: float) -> None:
         "SELECT count(*) FROM jobs WHERE state = ? AND finished_at > ?", DONE, now - 60
     )
     assert stats.timeouts == await one("SELECT coalesce(sum(timeouts), 0) FROM jobs")
+    # Cost per tier: of the done jobs, and of the dead ones whose reply stopped short with a
+    # price (billed), as the models' (aiq.tallies._Sums).
+    by_tier = await store._db.execute_fetchall(
+        "SELECT coalesce(tier, 'unknown'), sum(state = ?), sum(cost_usd), "
+        "sum(state = ? AND cost_usd IS NULL) FROM jobs WHERE state = ? "
+        "OR (state = ? AND error_type IN (?, ?) AND cost_usd IS NOT NULL) GROUP BY 1",
+        (DONE, DONE, DONE, DEAD, TRUNCATED, CONTENT_FILTER),
+    )
+    scanned = {t: (done, cost, unpriced) for t, done, cost, unpriced in by_tier}
+    assert [t.tier for t in stats.tiers] == [t for t in (*TIERS, "unknown") if t in scanned]
+    for t in stats.tiers:
+        done, cost, unpriced = scanned[t.tier]
+        assert (t.done, t.unpriced) == (done, unpriced)
+        assert cost == t.cost_usd if cost is None else abs(t.cost_usd - cost) < 1e-9
     assert await store.count_jobs() == sum(stats.counts.values())
     assert await store.job_counts() == (stats.total, stats.total - stats.counts["done"])
     assert await store.dead_error_types() == {
