@@ -61,7 +61,7 @@ def unusable_line(n: int) -> str:
 
 
 def tiers_line(tiers: list[TierUsage]) -> str | None:
-    """``  by tier: online $0.0012 (15 done), batch $0.0004 (5 done)``: what each tier that
+    """``  by tier: online $0.0312 (15 done), batch $0.0104 (5 done)``: what each tier that
     billed replies cost, when more than one did (one: the cost line says it all)."""
     return "  by tier: " + ", ".join(map(_tier_part, tiers)) if len(tiers) > 1 else None
 

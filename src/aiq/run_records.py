@@ -91,8 +91,7 @@ class Progress:
 
     def billed(self, tier: str | None, cost_usd: float | None, *, done: bool = True) -> None:
         """Count a reply at the tier it was billed at (``done``: its job is done; else dead
-        for a stop, billed all the same). Only the cost is summed here, as its tokens are by
-        the caller with the run's."""
+        for a stop, billed all the same). The run's own totals are the caller's to add."""
         spend = self.tiers.get(tier or UNKNOWN_TIER)
         if spend is None:
             spend = self.tiers[tier or UNKNOWN_TIER] = TierSpend()

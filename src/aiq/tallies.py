@@ -41,6 +41,11 @@ UNFINISHED = QUEUED  # a tally's state for queued and running jobs both
 _TIER_ORDER = (*TIERS, UNKNOWN_TIER)  # status lists the tiers so, dearest first
 
 
+def _tier_rank(tier: str) -> tuple[int, str]:
+    # (A tier no aiq writes, set by hand in the store, comes last rather than not at all.)
+    return (_TIER_ORDER.index(tier) if tier in _TIER_ORDER else len(_TIER_ORDER), tier)
+
+
 class Tally(NamedTuple):
     """One row of ``tallies``: the jobs of one (state, model, error_type, tier) and their
     sums."""
@@ -154,7 +159,7 @@ async def read_stats(db: aiosqlite.Connection, *, now: float, since: float | Non
         models=[  # in SQLite's order: no model first
             sums.models[m].usage(m) for m in sorted(sums.models, key=lambda m: (m is not None, m))
         ],
-        tiers=[sums.tiers[t].tier(t) for t in _TIER_ORDER if t in sums.tiers],
+        tiers=[sums.tiers[t].tier(t) for t in sorted(sums.tiers, key=_tier_rank)],
         not_due=not_due,
         timeouts=sums.timeouts,
         kinds=sums.kinds,
