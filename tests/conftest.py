@@ -100,9 +100,37 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{seconds:6.2f}s {nodeid}")
 
 
+def undo_tiers(conn: sqlite3.Connection) -> None:
+    """Take a store back to before migration 0011_tiers, as aiq with 0010_batches its last
+    left it: no tier anywhere, and 0008_tallies's key and triggers. The next writing
+    command applies 0011 again; every job's tier is then unknown."""
+    from aiq.database import _statements
+    from aiq.migrations import MIGRATIONS
+
+    conn.execute("DROP TRIGGER jobs_tally_update")  # else no column they read can be dropped
+    conn.execute("DROP TRIGGER jobs_tally_delete")
+    conn.execute("DROP INDEX tallies_key")
+    conn.execute("ALTER TABLE tallies RENAME TO tallies_0011")
+    conn.execute("ALTER TABLE jobs DROP COLUMN tier")
+    made = [s for s in _statements(dict(MIGRATIONS)["0008_tallies"]) if "CREATE T" in s]
+    for statement in made:  # its table, then its triggers
+        conn.execute(statement)
+    conn.execute("CREATE UNIQUE INDEX tallies_key ON tallies (state, ifnull(model, x'00'), "
+                 "ifnull(error_type, x'00'))")  # fmt: skip
+    figures = [r[1] for r in conn.execute("PRAGMA table_info(tallies)")][3:]
+    conn.execute(  # each tier's tallies folded into one, as 0008 kept them
+        f"INSERT INTO tallies SELECT state, model, error_type, "
+        f"{', '.join(f'sum({f})' for f in figures)} FROM tallies_0011 GROUP BY 1, 2, 3"
+    )
+    conn.execute("DROP TABLE tallies_0011")
+    conn.execute("DELETE FROM migrations WHERE name = '0011_tiers'")
+
+
 def undo_tallies(conn: sqlite3.Connection) -> None:
-    """Take a store back to before migration 0008_tallies, as an older aiq left it: the next
-    writing command applies it again, counting every job."""
+    """Take a store back to before migration 0008_tallies, as an older aiq left it (and so
+    before 0011_tiers, which changes them): the next writing command applies both again,
+    counting every job."""
+    undo_tiers(conn)
     conn.execute("DROP TRIGGER jobs_tally_update")  # else no column they read can be dropped
     conn.execute("DROP TRIGGER jobs_tally_delete")
     conn.execute("DROP TABLE tallies")

@@ -73,6 +73,9 @@ def test_a_deadline_the_batch_cannot_meet_switches_to_online_once(
     (switch,) = [line for line in lines if line.endswith("finishing online")]
     assert "20 left would take 4s online at 300/min: cancelling 1 open batch" in switch
     assert "cancelled, 5/20 done" in proc.stderr and "re-queued 15 cancelled" in proc.stdout
+    # the summary is of the whole run: the batch's five and the online fifteen, by tier
+    assert "finished 20 and dead-lettered 0" in proc.stdout
+    assert "  by tier: online ? (15 done), batch ? (5 done)" in proc.stdout  # (m: no price)
     _check_results(tmp_path, server, prompts)
     assert len(read_jsonl(tmp_path / "in.results.jsonl")) == 20
     # the five the batch finished are kept, never sent again; the rest online, once each

@@ -13,6 +13,7 @@ from openai.types import Batch, FileObject
 from openai.types.chat import ChatCompletion
 
 from aiq.batch_files import custom_id, job_id_of, read_line
+from aiq.providers.batch_http import json_object
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
@@ -53,6 +54,14 @@ def test_an_error_line_names_its_code_and_lines_not_json_are_skipped() -> None:
         3, None, "batch_expired",
     )  # fmt: skip
     assert read_line(b"not json") is None and read_line(b"[1]") is None
+
+
+@given(_json)
+def test_a_line_is_read_only_when_it_is_a_json_object(value: object) -> None:
+    # Both providers' result lines and every API answer go through this (batch_http).
+    raw = orjson.dumps(value)
+    assert json_object(raw) == (value if isinstance(value, dict) else None)
+    assert json_object(raw[:-1]) is None  # a torn line (its last byte lost) is no object
 
 
 def test_the_fakes_files_and_batches_are_openais_types() -> None:

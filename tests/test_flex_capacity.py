@@ -92,6 +92,12 @@ def test_via_flex_asks_the_flex_tier_of_every_chat_request_whose_line_names_none
     show = run_aiq("show", "plain", "--json", cwd=tmp_path)
     assert show.returncode == 0, show.stderr
     assert "service_tier" not in json.loads(show.stdout)["lines"][0]["request"]["body"]
+    # ...and the tier that billed each reply: flex where the reply said so, else online.
+    billed = {
+        c: json.loads(run_aiq("show", c, "--json", cwd=tmp_path).stdout)["lines"][0]["tier"]
+        for c in ("plain", "own", "emb")
+    }
+    assert billed == {"plain": "flex", "own": "online", "emb": "online"}
 
 
 def test_via_flex_is_refused_for_a_provider_without_the_tier(tmp_path: Path) -> None:

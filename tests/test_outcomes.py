@@ -297,6 +297,7 @@ def done(stop: Stop | None, state: JobState = DONE, message: str | None = None) 
         latency_s=NOW - STARTED,
         model="m",
         cost_usd=0.25,
+        tier="online",  # the reply names no tier: the list price's
         error_type=None if stop is None else stop.kind,
         error_message=message,
     )
@@ -327,6 +328,25 @@ def test_a_reply_is_done_or_as_on_truncated_says(
     assert got == done(stop, state, message=got.error_message)
     if stop is not None:  # its message says what stopped it (aiq.stops words it)
         assert got.error_message is not None and stop.said in got.error_message
+
+
+@pytest.mark.parametrize(
+    ("said", "batch_line", "billed"),
+    [(None, False, "online"), ("default", False, "online"), ("priority", False, "online"),
+     ("flex", False, "flex"), ("default", True, "batch"), (None, True, "batch")],
+)  # fmt: skip
+def test_a_replys_tier_is_the_one_it_is_billed_at(
+    said: str | None, batch_line: bool, billed: str
+) -> None:
+    # What aiq.pricing prices a reply at: flex by the reply's word, a batch line as batch
+    # whatever its body says, any other tier at the list price (online).
+    reply = _reply(None)
+    reply.tier = said
+    got = replied(
+        JOB, reply, started=STARTED, finished=NOW, model="m", cost_usd=0.25,
+        tier="batch" if batch_line else None,
+    )  # fmt: skip
+    assert got.tier == billed
 
 
 def test_a_request_over_the_whole_limit_is_dead_at_once_with_no_attempt() -> None:

@@ -9,6 +9,7 @@ import random
 import signal
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,14 @@ from fakeserver import FakeServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiq.contract import DEAD, DONE, QUEUED, RUNNING, STATE_NAMES, JobError, JobState
+from aiq.contract import DEAD, DONE, QUEUED, RUNNING, STATE_NAMES, TIERS, JobError, JobState
 from aiq.enqueue import add_file
 from aiq.inputs import Defaults
 from aiq.outputs import _stamp
 from aiq.records import Job, Outcome, Source
 from aiq.requestfile import read_requests
 from aiq.retention import prune
-from aiq.stops import TRUNCATED
+from aiq.stops import CONTENT_FILTER, TRUNCATED
 from aiq.store import JobStore
 from aiq.usage import Usage
 
@@ -36,36 +37,44 @@ FAST_RETRIES = "backoff_base_s: 0.01\nbackoff_cap_s: 0.05\n"
 
 # What a tally holds, by a scan of the jobs: queued and running as one state (aiq.tallies).
 _SCAN = (
-    "SELECT CASE state WHEN 1 THEN 0 ELSE state END AS s, model, error_type, count(*), "
+    "SELECT CASE state WHEN 1 THEN 0 ELSE state END AS s, model, error_type, tier, count(*), "
     "count(tokens_in), count(cost_usd), coalesce(sum(cost_usd), 0), sum(timeouts), "
     "coalesce(sum(tokens_in), 0), coalesce(sum(tokens_out), 0), "
     "coalesce(sum(tokens_cached), 0), coalesce(sum(tokens_cache_write), 0), "
     "coalesce(sum(tokens_cache_read), 0), coalesce(sum(tokens_reasoning), 0) "
-    "FROM jobs GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    "FROM jobs GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
+)
+_FIGURES = (
+    "jobs, usable, priced, cost_usd, timeouts, tokens_in, tokens_out, tokens_cached, "
+    "tokens_cache_write, tokens_cache_read, tokens_reasoning"
 )
 _KEPT = (
-    "SELECT state, model, error_type, jobs, usable, priced, cost_usd, timeouts, tokens_in, "
-    "tokens_out, tokens_cached, tokens_cache_write, tokens_cache_read, tokens_reasoning "
-    "FROM tallies WHERE jobs != 0 ORDER BY 1, 2, 3"
+    f"SELECT state, model, error_type, tier, {_FIGURES} FROM tallies WHERE jobs != 0 "
+    "ORDER BY 1, 2, 3, 4"
 )
+_COST = 7  # the column of cost_usd in both: equal to float rounding
 
 
 def assert_kept_equal_scan(conn: sqlite3.Connection) -> None:
     """The kept tallies are the scan's, row for row (costs to float rounding), and a tally
     that fell to no job holds nothing."""
     kept, scan = conn.execute(_KEPT).fetchall(), conn.execute(_SCAN).fetchall()
-    assert [r[:6] + r[7:] for r in kept] == [r[:6] + r[7:] for r in scan]
+    assert [_exact(r) for r in kept] == [_exact(r) for r in scan]
     for k, s in zip(kept, scan, strict=True):
-        assert abs(k[6] - s[6]) < 1e-9
-    for empty in conn.execute("SELECT * FROM tallies WHERE jobs = 0"):
-        assert all(abs(v) < 1e-9 for v in empty[3:]), empty
+        assert abs(k[_COST] - s[_COST]) < 1e-9
+    for empty in conn.execute(f"SELECT {_FIGURES} FROM tallies WHERE jobs = 0"):
+        assert all(abs(v) < 1e-9 for v in empty), empty
+
+
+def _exact(row: Sequence[Any]) -> tuple[Any, ...]:
+    return (*row[:_COST], *row[_COST + 1 :])
 
 
 async def _check(store: JobStore, now: float) -> None:
     """Kept tallies against the scan, and stats' index-read figures against plain queries."""
     rows = await store._db.execute_fetchall(_KEPT)
     scan = await store._db.execute_fetchall(_SCAN)
-    assert [r[:6] + r[7:] for r in rows] == [r[:6] + r[7:] for r in scan]
+    assert [_exact(r) for r in rows] == [_exact(r) for r in scan]
 
     async def one(sql: str, *params: Any) -> Any:
         ((value,),) = await store._db.execute_fetchall(sql, params)
@@ -83,6 +92,20 @@ async def _check(store: JobStore, now: float) -> None:
         "SELECT count(*) FROM jobs WHERE state = ? AND finished_at > ?", DONE, now - 60
     )
     assert stats.timeouts == await one("SELECT coalesce(sum(timeouts), 0) FROM jobs")
+    # Cost per tier: of the done jobs, and of the dead ones whose reply stopped short with a
+    # price (billed), as the models' (aiq.tallies._Sums).
+    by_tier = await store._db.execute_fetchall(
+        "SELECT coalesce(tier, 'unknown'), sum(state = ?), sum(cost_usd), "
+        "sum(state = ? AND cost_usd IS NULL) FROM jobs WHERE state = ? "
+        "OR (state = ? AND error_type IN (?, ?) AND cost_usd IS NOT NULL) GROUP BY 1",
+        (DONE, DONE, DONE, DEAD, TRUNCATED, CONTENT_FILTER),
+    )
+    scanned = {t: (done, cost, unpriced) for t, done, cost, unpriced in by_tier}
+    assert [t.tier for t in stats.tiers] == [t for t in (*TIERS, "unknown") if t in scanned]
+    for t in stats.tiers:
+        done, cost, unpriced = scanned[t.tier]
+        assert (t.done, t.unpriced) == (done, unpriced)
+        assert cost == t.cost_usd if cost is None else abs(t.cost_usd - cost) < 1e-9
     assert await store.count_jobs() == sum(stats.counts.values())
     assert await store.job_counts() == (stats.total, stats.total - stats.counts["done"])
     assert await store.dead_error_types() == {
@@ -107,6 +130,7 @@ def _outcome(rng: random.Random, job: Job, now: float) -> Outcome:
         next_at=now + rng.choice([-5, 5]) if kind == "retry" else 0.0,
         error_type=None if kind == "done" and error != TRUNCATED else error,
         usage=usage, model=rng.choice(MODELS), cost_usd=cost, timed_out=rng.random() < 0.2,
+        tier=None if kind == "retry" else rng.choice(TIERS),
         response=b'{"ok": 1}' if kind == "done" else None,  # a done job has its reply
     )  # fmt: skip
 
@@ -228,7 +252,11 @@ def test_a_store_from_before_the_tallies_is_counted_when_upgraded(tmp_path: Path
         conn.execute("UPDATE jobs SET finished_at = finished_at - 3600 WHERE id % 2 = 0")
     conn.close()
     assert run_aiq("add", "p.jsonl", "--model", "m", cwd=tmp_path).returncode == 0  # upgrades
-    assert orjson.loads(run_aiq("status", "--json", cwd=tmp_path).stdout) == before
+    after = orjson.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
+    # Their tiers went with the undo (0011 came after): the same figures, as unknown.
+    assert after.pop("tiers") == {"unknown": before.pop("tiers")["online"]}
+    assert after.pop("size_bytes") > 0 and before.pop("size_bytes") > 0  # (pages rewritten)
+    assert after == before
     with sqlite3.connect(db) as conn:
         assert_kept_equal_scan(conn)
     conn.close()

@@ -65,6 +65,7 @@ _EXPORTS = {
     "Replayed": "records",
     "Stats": "records",
     "Target": "records",
+    "TierUsage": "records",
     "read_requests": "requestfile",
     "Export": "run_records",
     "Progress": "run_records",
@@ -136,7 +137,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     from .providers.anthropic_batches import AnthropicBatchApi
     from .providers.batches import BatchService
     from .providers.openai_batches import BatchApi
-    from .records import EnqueueCounts, ModelUsage, Pruned, Replayed, Stats, Target
+    from .records import EnqueueCounts, ModelUsage, Pruned, Replayed, Stats, Target, TierUsage
     from .requestfile import read_requests
     from .run_records import Export, Progress, RunSummary
     from .runner import add_file, cancel_batches, run_batch
@@ -201,6 +202,7 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "Target",
+    "TierUsage",
     "Usage",
     "UsageError",
     "Worker",

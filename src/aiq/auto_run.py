@@ -23,7 +23,7 @@ from .batch_records import BatchRun
 from .config import Config
 from .deadline import Outlook, allowance_s, deadline_text, online_rate
 from .errors import FatalProviderError
-from .run_records import RunSummary
+from .run_records import Progress, RunSummary
 from .store import JobStore
 
 SWITCHED_META = "auto:online"  # the deadline (repr) a switch to online was made for
@@ -90,6 +90,7 @@ async def run_auto(
         note(f"via auto: {why}, so by batch")
         return await by_batch(as_batch)
     record = None
+    earlier: list[Progress] = []  # what the batches did before online: in the one summary
     if await store.meta(SWITCHED_META) != repr(deadline):
         summary, fatal = await by_batch(
             as_batch, watch=DeadlineWatch(store, config, deadline, note, wall=wall)
@@ -97,6 +98,7 @@ async def run_auto(
         if fatal is not None or summary.batch is None or not summary.batch.switched_online:
             return summary, fatal
         record = summary.batch
+        earlier.append(summary.progress)
         await store.save_meta({SWITCHED_META: repr(deadline)})
     else:
         note(
@@ -108,10 +110,19 @@ async def run_auto(
         record = _merged(record, summary.batch)
         if fatal is not None or summary.stopped is not None:
             summary.batch = record
-            return summary, fatal
+            return _whole(summary, earlier), fatal
+        earlier.append(summary.progress)
     summary, fatal = await online(config.with_(via="online"))
     summary.batch = record
-    return summary, fatal
+    return _whole(summary, earlier), fatal
+
+
+def _whole(summary: RunSummary, earlier: list[Progress]) -> RunSummary:
+    """``summary`` counting what the run's earlier parts did too (done by batch, cost per
+    tier), so a run that switched says what it did in all."""
+    for p in earlier:
+        summary.progress.absorb(p)
+    return summary
 
 
 def _merged(first: BatchRun | None, then: BatchRun | None) -> BatchRun | None:

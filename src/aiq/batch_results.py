@@ -77,7 +77,7 @@ class LineRules:
         if price is not None and reply.usage is not None:
             cost = price.tier_cost_usd(reply.usage, "batch")  # (half, unless prices: say)
         return outcomes.replied(
-            job, reply, started=started, finished=now, model=model, cost_usd=cost
+            job, reply, started=started, finished=now, model=model, cost_usd=cost, tier="batch"
         )
 
     def failed(self, job: Job, err: ProviderError, *, started: float) -> Outcome:
@@ -136,6 +136,7 @@ def count(progress: Progress, block: list[Outcome]) -> None:
                 p.unpriced += 1
             else:
                 p.cost_usd += o.cost_usd
+            p.billed(o.tier, o.cost_usd)
         elif o.state == DEAD:
             p.dead += 1
             p.dead_now += 1

@@ -57,8 +57,20 @@ OnTruncated = Literal["keep", "dead"]
 # How a run sends its jobs (issue 15): one call each, the flex tier, the provider's batch
 # engine, or the cheapest that meets a deadline. Only online and batch are built so far.
 Via = Literal["online", "flex", "batch", "auto"]
+# The tier a reply was billed at (``jobs.tier``, for cost per tier): the list price online (a
+# standard, default or priority tier: priced alike, aiq.pricing), OpenAI's flex tier, a
+# provider's batch engine. NULL in the store: no reply, or done before 0011_tiers.
+Tier = Literal["online", "flex", "batch"]
 
 PROVIDER_NAMES: Final[tuple[ProviderName, ...]] = get_args(ProviderName)
 ORDERS: Final[tuple[Order, ...]] = get_args(Order)
 ON_TRUNCATED: Final[tuple[OnTruncated, ...]] = get_args(OnTruncated)
 VIAS: Final[tuple[Via, ...]] = get_args(Via)
+TIERS: Final[tuple[Tier, ...]] = get_args(Tier)
+
+
+def billed_tier(said: str | None) -> Tier:
+    """The tier a reply is billed at, from the one it says served it (OpenAI's
+    ``service_tier``; ``batch`` for a batch line): flex and batch by name, as aiq.pricing
+    prices them; any other, or none, online."""
+    return "flex" if said == "flex" else "batch" if said == "batch" else "online"

@@ -276,6 +276,7 @@ class Dispatcher:
                     p.unpriced += 1
                 else:
                     p.cost_usd += o.cost_usd
+                p.billed(o.tier, o.cost_usd)
                 if o.error_type is not None:  # a reply that stopped short (aiq.stops)
                     self._count_stop(o)
             elif o.state == DEAD:
@@ -285,6 +286,7 @@ class Dispatcher:
                     p.tokens_in += o.tokens_in or 0
                     p.tokens_out += o.tokens_out or 0
                     p.cost_usd += o.cost_usd or 0.0
+                    p.billed(o.tier, o.cost_usd, done=False)
                     self._count_stop(o)
             elif o.next_at:  # a retry; a fatal error's job is requeued with no retry time
                 p.retries += 1

@@ -218,6 +218,7 @@ def _job(row: dict[str, Any]) -> dict[str, Any]:
         "tokens_in": row["tokens_in"],
         "tokens_out": row["tokens_out"],
         "cost_usd": row["cost_usd"],
+        "tier": row["tier"],  # the tier cost_usd was billed at; None: no reply, or not recorded
         "timeouts": row["timeouts"],
     }
 

@@ -192,7 +192,7 @@ class JobQueue(Database):
             (o.state, o.attempts, (o.finished_at or 0.0) if o.state == DONE else o.next_at,
              o.started_at, o.finished_at, o.status_code,
              o.error_type, o.error_message, o.request_id, o.response, *_usage_row(o.usage),
-             o.latency_s, o.model, o.cost_usd, o.timed_out, o.job_id)
+             o.latency_s, o.model, o.cost_usd, o.tier, o.timed_out, o.job_id)
             for o in outcomes
         ]  # fmt: skip
         await self._db.executemany(
@@ -201,7 +201,8 @@ class JobQueue(Database):
             "status_code = ?, error_type = ?, error_message = ?, request_id = ?, "
             "response = ?, tokens_in = ?, tokens_out = ?, tokens_cached = ?, "
             "tokens_cache_write = ?, tokens_cache_read = ?, tokens_reasoning = ?, "
-            "latency_s = ?, model = ?, cost_usd = ?, timeouts = timeouts + ? WHERE id = ?",
+            "latency_s = ?, model = ?, cost_usd = ?, tier = ?, timeouts = timeouts + ? "
+            "WHERE id = ?",
             rows,
         )
         # Every failure, for `aiq show` (the row above keeps only the last); a success none.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 # -- 0008_tallies's triggers: frozen with it, like its text (a later change is a new migration).
 _KEY = "CASE {row}.state WHEN 1 THEN 0 ELSE {row}.state END"  # queued and running: one
+_NONE = "x'00'"  # a NULL key column in the unique index (a plain UNIQUE lets NULLs repeat)
 _SUMMED = (
     "tokens_in", "tokens_out", "tokens_cached", "tokens_cache_write", "tokens_cache_read",
     "tokens_reasoning",
@@ -21,9 +22,10 @@ _SUMMED = (
 _TALLIED = ("model", "error_type", "timeouts", "cost_usd", *_SUMMED)
 
 
-def _tally(row: str, sign: str) -> str:
+def _tally(row: str, sign: str, keys: tuple[str, ...] = ("model", "error_type")) -> str:
     """The statement adding (``+``) or taking off (``-``) one job (``NEW`` or ``OLD``) to or
-    from its tally, creating the tally when there is none."""
+    from its tally, creating the tally when there is none; ``keys``: the tally's key after
+    its state (0011_tiers adds the tier)."""
     figures = {
         "jobs": "1",
         "usable": f"{row}.tokens_in IS NOT NULL",
@@ -33,12 +35,17 @@ def _tally(row: str, sign: str) -> str:
         **{c: f"coalesce({row}.{c}, 0)" for c in _SUMMED},
     }
     return (
-        f"INSERT INTO tallies (state, model, error_type, {', '.join(figures)}) "
-        f"SELECT {_KEY.format(row=row)}, {row}.model, {row}.error_type, "
+        f"INSERT INTO tallies (state, {', '.join(keys)}, {', '.join(figures)}) "
+        f"SELECT {_KEY.format(row=row)}, {', '.join(f'{row}.{k}' for k in keys)}, "
         f"{', '.join(f'{sign}({v})' for v in figures.values())} WHERE true "
-        "ON CONFLICT (state, ifnull(model, x'00'), ifnull(error_type, x'00')) DO UPDATE SET "
-        f"{', '.join(f'{c} = {c} + excluded.{c}' for c in figures)};"
+        f"ON CONFLICT (state, {', '.join(f'ifnull({k}, {_NONE})' for k in keys)}) "
+        f"DO UPDATE SET {', '.join(f'{c} = {c} + excluded.{c}' for c in figures)};"
     )
+
+
+# -- 0011_tiers's: the tally's key and what is tallied gain the tier.
+_KEYS_0011 = ("model", "error_type", "tier")
+_TALLIED_0011 = (*_TALLIED, "tier")
 
 
 MIGRATIONS: list[tuple[str, str]] = [
@@ -309,6 +316,34 @@ MIGRATIONS: list[tuple[str, str]] = [
         -- so a provider that always drops a line cannot keep a run going forever.
         ALTER TABLE jobs ADD COLUMN missing INTEGER NOT NULL DEFAULT 0;
         CREATE INDEX jobs_batch ON jobs (batch_id) WHERE batch_id IS NOT NULL;
+        """,
+    ),
+    (
+        # The tier that billed a job's reply (contract.Tier: online, flex, batch), written with
+        # its cost, so status and the summary say what each tier cost: a night half by batch
+        # and half online (--via auto at its deadline) shows both. The tallies' key gains it,
+        # so status still reads a few rows. NULL: no reply, or (done) before this migration,
+        # when no tier was recorded; status names those "unknown": a job done before cannot
+        # be told apart (a batch's jobs lose their batch_id once ingested), and reading every
+        # reply to guess would rewrite every done row (40 s at a million, see 0008). Every
+        # job's tier is NULL here, as is every existing tally's: nothing to count again. The
+        # triggers are 0008's with the tier in the key and among what is tallied, still
+        # fired only by a change of what is tallied.
+        "0011_tiers",
+        f"""
+        ALTER TABLE jobs ADD COLUMN tier TEXT;
+        ALTER TABLE tallies ADD COLUMN tier TEXT;
+        DROP INDEX tallies_key;
+        CREATE UNIQUE INDEX tallies_key ON tallies
+        ({", ".join(["state", *(f"ifnull({k}, {_NONE})" for k in _KEYS_0011)])});
+        DROP TRIGGER jobs_tally_delete;
+        DROP TRIGGER jobs_tally_update;
+        CREATE TRIGGER jobs_tally_delete AFTER DELETE ON jobs
+        BEGIN {_tally("OLD", "-", _KEYS_0011)} END;
+        CREATE TRIGGER jobs_tally_update AFTER UPDATE OF state, {", ".join(_TALLIED_0011)} ON jobs
+        WHEN {_KEY.format(row="OLD")} != {_KEY.format(row="NEW")}
+            OR {" OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _TALLIED_0011)}
+        BEGIN {_tally("OLD", "-", _KEYS_0011)} {_tally("NEW", "", _KEYS_0011)} END;
         """,
     ),
 ]

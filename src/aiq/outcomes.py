@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from . import backoff
+from .contract import billed_tier
 from .durations import duration_text
 from .providers.base import ProviderError, Reply
 from .records import DEAD, DONE, QUEUED, Job, Outcome
@@ -90,11 +91,14 @@ def replied(
     model: str | None,
     cost_usd: float | None,
     dead_truncated: bool = False,
+    tier: str | None = None,
 ) -> Outcome:
     """A reply came: the job is done (its attempt counted), or dead if it was cut off at
     max_tokens under ``--on-truncated dead``. A reply that stopped short is stored as sent
-    either way, its stop named in ``error_type`` (status counts it). Built as the record
-    itself: this runs for every job, and a decision beside it would be one more object."""
+    either way, its stop named in ``error_type`` (status counts it). Its tier is the one
+    ``cost_usd`` was priced at: ``tier`` (a batch line's), else the one the reply names.
+    Built as the record itself: this runs for every job, and a decision beside it would be
+    one more object."""
     out = Outcome(
         job.id,
         DONE,
@@ -108,6 +112,7 @@ def replied(
         latency_s=finished - started,
         model=model,
         cost_usd=cost_usd,
+        tier=billed_tier(tier or reply.tier),
     )
     if (stop := reply.stop) is not None:
         dead = stop.kind == TRUNCATED and dead_truncated  # for a replay with more tokens

@@ -14,7 +14,7 @@ from .contract import DONE as DONE
 from .contract import QUEUED as QUEUED
 from .contract import RUNNING as RUNNING
 from .contract import STATE_NAMES as STATE_NAMES
-from .contract import JobError, JobState, ProviderName, StateName, Via
+from .contract import JobError, JobState, ProviderName, StateName, Tier, Via
 from .errors import EMPTY_INPUT, SKIPPED_LINES
 from .inputs import BadLine
 from .usage import TokenKinds, Usage
@@ -126,6 +126,7 @@ class Outcome:
     latency_s: float | None = None
     model: str | None = None  # as the body named it; for cost per model
     cost_usd: float | None = None  # None: the model has no price, or the usage is unusable
+    tier: Tier | None = None  # the tier a reply was billed at; None: no reply
     timed_out: bool = False  # no reply in time: the provider may still bill the call
 
     @property
@@ -235,6 +236,23 @@ class ModelUsage:
         }
 
 
+UNKNOWN_TIER = "unknown"  # the tier of a job done before aiq recorded tiers (0011_tiers)
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """Done jobs billed at one tier (``contract.Tier``, or :data:`UNKNOWN_TIER`) and what
+    they cost, with billed dead ones as in :class:`ModelUsage`: cost per tier."""
+
+    tier: str
+    done: int
+    cost_usd: float | None  # of the priced jobs; None when none was priced
+    unpriced: int  # done jobs whose cost is unknown
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "cost_usd": self.cost_usd, "unpriced": self.unpriced}
+
+
 RATE_WINDOW_S = 60.0  # status's rate: of the jobs done over the last minute at most
 
 
@@ -297,6 +315,7 @@ class Stats:
     requeued: dict[str, int] = field(default_factory=dict)
     in_batches: int = 0  # running jobs the provider holds in open batches (not abandoned)
     size_bytes: int | None = None  # the store's file and -wal on disk (None: not looked at)
+    tiers: list[TierUsage] = field(default_factory=list)  # done jobs and cost per tier
 
     @property
     def cost_usd(self) -> float | None:
@@ -380,6 +399,7 @@ class Stats:
             "unpriced": self.unpriced,
             "unusable_usage": self.unusable,
             "models": [m.as_dict() for m in self.models],
+            "tiers": {t.tier: t.as_dict() for t in self.tiers},
             "batches": [b.as_dict() for b in self.batches],
             "requeued": self.requeued,
             "in_batches": self.in_batches,

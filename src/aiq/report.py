@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .durations import fmt_duration
 from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
-from .records import EnqueueCounts, Pruned, Replayed, Stats
+from .records import UNKNOWN_TIER, EnqueueCounts, Pruned, Replayed, Stats, TierUsage
 from .report_batches import batch_lines, batch_run_line
 from .text import plural, size_text, usd
 from .usage import TokenKinds
@@ -60,12 +60,30 @@ def unusable_line(n: int) -> str:
     )
 
 
+def tiers_line(tiers: list[TierUsage]) -> str | None:
+    """``  by tier: online $0.0312 (15 done), batch $0.0104 (5 done)``: what each tier that
+    billed replies cost, when more than one did (one: the cost line says it all)."""
+    return "  by tier: " + ", ".join(map(_tier_part, tiers)) if len(tiers) > 1 else None
+
+
+def _tier_part(t: TierUsage) -> str:
+    notes = [f"{t.done:,} done"]
+    if t.tier == UNKNOWN_TIER:
+        notes.append("before aiq recorded tiers")
+    if t.unpriced and t.cost_usd is not None:  # (none priced: the cost is "?")
+        notes.append(f"{t.unpriced:,} of unknown cost")
+    return f"{t.tier} {usd(t.cost_usd)} ({', '.join(notes)})"
+
+
 def cost_lines(s: Stats) -> list[str]:
-    """Tokens and cost so far, in total and per model, for ``status``."""
+    """Tokens and cost so far, in total, per tier (when more than one) and per model, for
+    ``status``."""
     total = f"tokens {tokens_text(s.tokens_in, s.tokens_out, s.kinds)} · cost {usd(s.cost_usd)}"
     if s.unpriced:
         total += f" (+ {plural(s.unpriced, 'done job')} of unknown cost)"
     lines = [total]
+    if tiers := tiers_line(s.tiers):
+        lines.append(tiers)
     for m in s.models:
         if m.cost_usd is not None:  # (a model may have only billed dead jobs: cut off)
             cost = usd(m.cost_usd)
@@ -124,6 +142,8 @@ def run_summary_lines(s: RunSummary) -> list[str]:
         f"{fmt_duration(s.duration_s)} ({p.rate_per_s:.1f}/s), {retries}, "
         f"tokens {tokens_text(p.tokens_in, p.tokens_out, p.kinds)}, {run_cost(p)}"
     )
+    if tiers := tiers_line(p.tier_usage()):
+        lines.append(tiers)
     if p.unusable:
         lines.append(unusable_line(p.unusable))
     lines.extend(stop_lines(p.truncated, p.filtered, dead=s.on_truncated == "dead", run=True))
@@ -173,6 +193,7 @@ def run_summary_json(s: RunSummary) -> dict[str, Any]:
         "cost_usd": p.cost_usd if p.unpriced < p.done_now or not p.done_now else None,
         "unpriced": p.unpriced,
         "unusable_usage": p.unusable,
+        "tiers": {t.tier: t.as_dict() for t in p.tier_usage()},
         "max_in_flight": p.max_in_flight,
         "held_by": p.held_by,
         "invalid_lines": None if s.added is None else s.added.invalid,

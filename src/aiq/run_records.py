@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass, field
 
 from .batch_records import BatchRun
-from .contract import OnTruncated, StopReason
+from .contract import TIERS, OnTruncated, StopReason
 from .errors import FatalProviderError, Interrupted, LimitReached
-from .records import EnqueueCounts, Stats
+from .records import UNKNOWN_TIER, EnqueueCounts, Stats, TierUsage
 from .usage import TokenKinds
 
-__all__ = ["AttemptEvent", "Export", "Progress", "RunSummary"]
+__all__ = ["AttemptEvent", "Export", "Progress", "RunSummary", "TierSpend"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +39,22 @@ class AttemptEvent:
     wait_s: float | None = None  # a retry's wait before it is due again
     latency_s: float | None = None
     model: str | None = None
+
+
+@dataclass(slots=True)
+class TierSpend:
+    """A run's replies billed at one tier, as they are counted."""
+
+    done: int = 0
+    cost_usd: float = 0.0  # of the priced ones
+    priced: int = 0
+    unpriced: int = 0  # done, and of unknown cost
+
+    def add(self, other: TierSpend) -> None:
+        self.done += other.done
+        self.cost_usd += other.cost_usd
+        self.priced += other.priced
+        self.unpriced += other.unpriced
 
 
 @dataclass(slots=True)
@@ -70,7 +86,44 @@ class Progress:
     cost_usd: float = 0.0  # of the replies with a price
     unpriced: int = 0  # replies of unknown cost: no price for the model, or unusable usage
     unusable: int = 0  # of those, replies whose usage was missing or not counts
+    tiers: dict[str, TierSpend] = field(default_factory=dict)  # the replies per billed tier
     started_at: float = field(default_factory=time.monotonic)
+
+    def billed(self, tier: str | None, cost_usd: float | None, *, done: bool = True) -> None:
+        """Count a reply at the tier it was billed at (``done``: its job is done; else dead
+        for a stop, billed all the same). The run's own totals are the caller's to add."""
+        spend = self.tiers.get(tier or UNKNOWN_TIER)
+        if spend is None:
+            spend = self.tiers[tier or UNKNOWN_TIER] = TierSpend()
+        spend.done += done
+        if cost_usd is None:
+            spend.unpriced += done
+        else:
+            spend.priced += 1
+            spend.cost_usd += cost_usd
+
+    def tier_usage(self) -> list[TierUsage]:
+        """The run's replies per tier, dearest tier first, as ``Stats.tiers``."""
+        return [
+            TierUsage(tier, s.done, s.cost_usd if s.priced else None, s.unpriced)
+            for tier in (*TIERS, UNKNOWN_TIER)
+            if (s := self.tiers.get(tier)) is not None
+        ]
+
+    def absorb(self, earlier: Progress) -> None:
+        """Add what an ``earlier`` part of the same run did (``--via auto``: its batches
+        before going online), so the summary is of the whole run; the store's counts are
+        this one's, read later."""
+        for name in (
+            "done_now", "dead_now", "retries", "timeouts", "truncated", "filtered",
+            "tokens_in", "tokens_out", "cost_usd", "unpriced", "unusable",
+        ):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(earlier, name))
+        self.kinds.add(earlier.kinds)
+        for tier, spend in earlier.tiers.items():
+            self.tiers.setdefault(tier, TierSpend()).add(spend)
+        self.max_in_flight = max(self.max_in_flight, earlier.max_in_flight)
+        self.started_at = min(self.started_at, earlier.started_at)
 
     @property
     def elapsed_s(self) -> float:

@@ -45,7 +45,7 @@ _JOB_COLUMNS = (
     "id", "state", "attempts", "priority", "endpoint", "body", "response", "status_code",
     "request_id", "error_type", "error_message", "created_at", "first_attempt_at",
     "finished_at", "next_at", "latency_s", "tokens_in", "tokens_out", "cost_usd", "model",
-    "timeouts",
+    "timeouts", "tier",
 )  # fmt: skip
 _JOB_SELECT = ", ".join(f"j.{c}" for c in _JOB_COLUMNS)
 

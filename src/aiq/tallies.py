@@ -1,13 +1,13 @@
 """Counts kept as jobs change, and where the store stands (``Stats``) read from them.
 
-The ``tallies`` table (migration 0008_tallies) holds, per (state, model, error_type), how
-many jobs there are and their sums. Triggers on the jobs keep them as rows change or go, in
-the statement's own transaction: a crash cannot leave them out of step with the jobs, and
-no write path (nor a hand-made fix with sqlite3) can forget them. A claim, a release, a
-deferral and a sent mark change no tally (queued and running share one tally state): the
-trigger's WHEN skips them. New rows are counted by ``add_queued``, once an add's batch:
-an insert trigger took the inserts 35-55% longer (bench/tally_cost.py has the figures, and
-the explicit updates measured against the triggers).
+The ``tallies`` table (migrations 0008_tallies, 0011_tiers) holds, per (state, model,
+error_type, tier), how many jobs there are and their sums. Triggers on the jobs keep them as
+rows change or go, in the statement's own transaction: a crash cannot leave them out of step
+with the jobs, and no write path (nor a hand-made fix with sqlite3) can forget them. A
+claim, a release, a deferral and a sent mark change no tally (queued and running share one
+tally state): the trigger's WHEN skips them. New rows are counted by ``add_queued``, once an
+add's batch: an insert trigger took the inserts 35-55% longer (bench/tally_cost.py has the
+figures, and the explicit updates measured against the triggers).
 
 What a tally cannot hold is read from an index: the running jobs (a run's claimed few), the
 jobs done in the last minute, queued jobs not due yet, and the oldest queued job.
@@ -20,21 +20,40 @@ from typing import NamedTuple
 
 import aiosqlite
 
-from .contract import StateName
-from .records import DEAD, DONE, QUEUED, RATE_WINDOW_S, RUNNING, STATE_NAMES, ModelUsage, Stats
+from .contract import TIERS, StateName
+from .records import (
+    DEAD,
+    DONE,
+    QUEUED,
+    RATE_WINDOW_S,
+    RUNNING,
+    STATE_NAMES,
+    UNKNOWN_TIER,
+    ModelUsage,
+    Stats,
+    TierUsage,
+)
 from .stops import CONTENT_FILTER, TRUNCATED
 from .usage import TokenKinds
 
 _STOPS = (TRUNCATED, CONTENT_FILTER)  # error types of a done job: how its reply stopped short
 UNFINISHED = QUEUED  # a tally's state for queued and running jobs both
+_TIER_ORDER = (*TIERS, UNKNOWN_TIER)  # status lists the tiers so, dearest first
+
+
+def _tier_rank(tier: str) -> tuple[int, str]:
+    # (A tier no aiq writes, set by hand in the store, comes last rather than not at all.)
+    return (_TIER_ORDER.index(tier) if tier in _TIER_ORDER else len(_TIER_ORDER), tier)
 
 
 class Tally(NamedTuple):
-    """One row of ``tallies``: the jobs of one (state, model, error_type) and their sums."""
+    """One row of ``tallies``: the jobs of one (state, model, error_type, tier) and their
+    sums."""
 
     state: int  # QUEUED stands for queued and running (UNFINISHED)
     model: str | None
     error_type: str | None
+    tier: str | None  # contract.Tier that billed the reply; None: no reply, or not recorded
     jobs: int
     usable: int  # jobs whose tokens are known
     priced: int  # jobs whose cost is known
@@ -55,10 +74,11 @@ _FIGURES = (
     "jobs", "usable", "priced", "cost_usd", "timeouts", "tokens_in", "tokens_out",
     "tokens_cached", "tokens_cache_write", "tokens_cache_read", "tokens_reasoning",
 )  # fmt: skip
-TALLY_COLUMNS = f"state, model, error_type, {', '.join(_FIGURES)}"
+TALLY_COLUMNS = f"state, model, error_type, tier, {', '.join(_FIGURES)}"
 # Adds a row's figures to its tally (the key's unique index is the conflict target).
 _UPSERT = (
-    f"ON CONFLICT (state, ifnull(model, x'00'), ifnull(error_type, x'00')) DO UPDATE SET "
+    "ON CONFLICT (state, ifnull(model, x'00'), ifnull(error_type, x'00'), ifnull(tier, x'00')) "
+    "DO UPDATE SET "
     f"{', '.join(f'{c} = {c} + excluded.{c}' for c in _FIGURES)}"
 )
 
@@ -76,9 +96,10 @@ async def add_queued(db: aiosqlite.Connection, jobs: int) -> None:
 async def tallies(db: aiosqlite.Connection) -> list[Tally]:
     """The kept tallies of jobs that exist (a tally that fell to no job is left out)."""
     rows = await db.execute_fetchall(
-        f"SELECT {TALLY_COLUMNS} FROM tallies WHERE jobs > 0 ORDER BY state, model, error_type"
+        f"SELECT {TALLY_COLUMNS} FROM tallies WHERE jobs > 0 "
+        "ORDER BY state, model, error_type, tier"
     )
-    return [Tally._make((*r[:10], TokenKinds(*r[10:]))) for r in rows]
+    return [Tally._make((*r[:11], TokenKinds(*r[11:]))) for r in rows]
 
 
 async def job_counts(db: aiosqlite.Connection) -> tuple[int, int]:
@@ -138,6 +159,7 @@ async def read_stats(db: aiosqlite.Connection, *, now: float, since: float | Non
         models=[  # in SQLite's order: no model first
             sums.models[m].usage(m) for m in sorted(sums.models, key=lambda m: (m is not None, m))
         ],
+        tiers=[sums.tiers[t].tier(t) for t in sorted(sums.tiers, key=_tier_rank)],
         not_due=not_due,
         timeouts=sums.timeouts,
         kinds=sums.kinds,
@@ -168,6 +190,9 @@ class _ModelSums:
             self.cost_usd = (self.cost_usd or 0.0) + cost
         self.kinds.add(t.kinds)
 
+    def tier(self, tier: str) -> TierUsage:
+        return TierUsage(tier, self.done, self.cost_usd, self.unpriced)
+
     def usage(self, model: str | None) -> ModelUsage:
         return ModelUsage(
             model, self.done, self.tokens_in, self.tokens_out, self.cost_usd, self.unpriced,
@@ -187,6 +212,7 @@ class _Sums:
     stops: dict[tuple[int, str], int] = field(default_factory=dict)  # (state, stop) -> jobs
     errors: dict[str, int] = field(default_factory=dict)  # last errors of jobs not done
     models: dict[str | None, _ModelSums] = field(default_factory=dict)
+    tiers: dict[str, _ModelSums] = field(default_factory=dict)  # the same figures per tier
 
     def add(self, t: Tally) -> None:
         self.counts[STATE_NAMES[t.state]] += t.jobs
@@ -199,11 +225,15 @@ class _Sums:
             self.stops[key] = self.stops.get(key, 0) + t.jobs
             if t.state == DEAD and t.priced:  # dead by --on-truncated: billed
                 self.models.setdefault(t.model, _ModelSums()).add(t)
+                self.tiers.setdefault(t.tier or UNKNOWN_TIER, _ModelSums()).add(t)
         if t.state == DONE:
-            m = self.models.setdefault(t.model, _ModelSums())
-            m.done += t.jobs
-            m.add(t)
-            m.unpriced += t.jobs - t.priced
-            m.unusable += t.jobs - t.usable  # a reply's tokens are NULL when it had no usage
+            for m in (
+                self.models.setdefault(t.model, _ModelSums()),
+                self.tiers.setdefault(t.tier or UNKNOWN_TIER, _ModelSums()),
+            ):
+                m.done += t.jobs
+                m.add(t)
+                m.unpriced += t.jobs - t.priced
+                m.unusable += t.jobs - t.usable  # a reply's tokens are NULL: it had no usage
         elif t.error_type is not None:  # the last error of a job not done
             self.errors[t.error_type] = self.errors.get(t.error_type, 0) + t.jobs

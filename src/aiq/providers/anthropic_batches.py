@@ -39,7 +39,7 @@ import orjson
 from ..batch_records import Batch, BatchKey, Frame, Limits, Line, Polled
 from ..registry import ANTHROPIC_MAX_TOKENS
 from .anthropic_messages import to_messages_body
-from .batch_http import BatchHttp
+from .batch_http import BatchHttp, json_object
 from .batches import Encode
 
 MAX_REQUESTS = 100_000
@@ -80,11 +80,7 @@ def result_line(raw: bytes, prefix: str) -> Line | None:
     ``succeeded`` message as a 200 reply, an ``errored`` error as its HTTP status and body,
     ``canceled`` and ``expired`` as lines that never ran; one of another batch's with no
     job. None: not a JSON object."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(data, dict):
+    if (data := json_object(raw)) is None:
         return None
     if (job := job_of(data.get("custom_id"), prefix)) is None:
         return Line(None, None, None, b"", "not_ours", "another batch's line")

@@ -21,6 +21,16 @@ from .base import ProviderError
 from .failures import error_from, secret_of
 
 
+def json_object(raw: bytes) -> dict[str, Any] | None:
+    """``raw`` as the JSON object it should be (an answer, a result file's line); None when
+    it is not one, for the caller to say what that means."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 class BatchHttp:
     """One account's batch endpoints at ``base_url``; close with :meth:`aclose`."""
 
@@ -67,11 +77,7 @@ class BatchHttp:
             raise ProviderError("connection", f"{method} {path}: {exc!r}", retryable=True) from None
         if resp.status_code != 200:
             raise self._error(resp, resp.content)
-        try:
-            data = orjson.loads(resp.content)
-        except orjson.JSONDecodeError:
-            data = None
-        if not isinstance(data, dict):
+        if (data := json_object(resp.content)) is None:
             raise ProviderError(
                 "bad_response", f"{method} {path}: HTTP 200 without a JSON object",
                 status_code=200, retryable=True,

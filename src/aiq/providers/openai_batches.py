@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from ..batch_records import JSONL, TERMINAL, Batch, BatchKey, Limits, Line, Polled
-from .batch_http import BatchHttp
+from .batch_http import BatchHttp, json_object
 from .batches import Encode
 
 # The most a provider takes in one input file (OpenAI: 50,000 requests and 200 MB).
@@ -60,11 +60,7 @@ def openai_line(job_id: int, endpoint: str, body: bytes) -> bytes:
 
 def read_line(raw: bytes) -> Line | None:
     """A line of an output or error file; None for one that is not a JSON object."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(data, dict):
+    if (data := json_object(raw)) is None:
         return None
     response = data.get("response")
     error = data.get("error")
