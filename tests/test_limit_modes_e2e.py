@@ -334,7 +334,6 @@ UNDER_TARGET: dict[tuple[str, str], str] = {
 # to be unmarked, not flipped, once the limiter is fixed.
 INTERMITTENT: dict[tuple[str, str], str] = {
     ("b-per-second", "configured"): "0.9+ alone, 0.73-0.83 in full-suite CI runs (0 429s)",
-    ("d-groq", "learned"): "4.6% 429s before the 429 streak backoff; passes since, not yet often",
     ("b-per-second", "learned"): "0.85-0.95; under a loaded suite 0.849 once (auto's ramp)",
     ("g-other-client", "configured"): "some runs: 2 429'd jobs not retried before the cut",
     ("g-other-client", "learned"): "some runs: 7 429s of 622 (1.1%) beside the other client",

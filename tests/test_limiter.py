@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from aiq.budget import BUCKET_SKEW_S, CALENDAR_MARGIN_S
 from aiq.limiter import HEADROOM, WINDOW_S, Budget, RateLimiter, RequestTooLarge
 from aiq.limiters import Limiters
-from aiq.ratelimit_headers import RateLimitInfo, Window
+from aiq.ratelimit_headers import RateLimitInfo, StatedLimit, Window
 
 
 def limiter(clock: FakeClock, **kw: Any) -> RateLimiter:
@@ -923,3 +923,48 @@ def test_a_calendar_minute_met_by_a_burst_goes_on_whole_at_its_turn(told: bool) 
     assert refused <= 2
     assert sent[598] < 1002.0  # the minute's count at once (a round trip per 256)
     assert sent[599] >= 1015.0 and sent[-1] <= 1015.0 + CALENDAR_MARGIN_S + 0.5, sent[599:]
+
+
+@pytest.mark.parametrize("shown", [True, False], ids=["per-day-header", "no-header"])
+def test_a_per_minute_limit_a_429_names_is_paced_to_from_then(shown: bool) -> None:
+    """Groq's headers show requests per day (14,400) and enforce 300 a minute unreported, a
+    bucket full at the start; its 429 names the limit ("on requests per minute (RPM): Limit
+    300"). 400 jobs: the bucket's 300 at once, one round of 429s, then 300 a minute with none
+    (paced by each 429's retry-after alone, one in 20 was refused; guarded, the rest waited
+    a minute from the burst). The same with no header at all."""
+    clock = SharedClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: clock.now)
+    daily, minute = SimBucket(14_400, 14_400, 1000.0), SimBucket(300, 300, 1000.0)
+    stated = StatedLimit("requests", 300)
+    sent: list[float] = []
+    refused: list[float] = []
+
+    async def sender() -> None:
+        while len(sent) < 400:
+            ticket = await lim.acquire()
+            if len(sent) >= 400:
+                lim.refund(ticket)
+                return
+            now = clock.now
+            ok = minute.admit(now) and daily.admit(now)
+            wait_s = minute.wait_s(now)
+            (sent if ok else refused).append(now)
+            await clock.sleep(0.2)
+            if shown:
+                info = unlimited_info(requests=daily.sample(clock.now))
+                lim.observe(info, ticket, refused=not ok)
+            if ok:
+                lim.settle(ticket, 0)
+                continue
+            lim.refund(ticket)
+            hint = lim.rate_limited(max(0.0, wait_s - 0.2), ticket=ticket, stated=stated)
+            lim.pause(hint if hint is not None else 1.0)
+
+    async def go() -> None:
+        await clock.run([asyncio.ensure_future(sender()) for _ in range(64)])
+
+    asyncio.run(go())
+    first = min(refused)
+    assert all(t < first + 0.5 for t in refused), [round(t - 1000, 2) for t in refused]
+    assert lim.limits.rpm == 300
+    assert sent[-1] - 1000.0 < 100 / (300 * HEADROOM / 60) + 1.0  # paced from the bucket's end

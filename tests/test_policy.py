@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from aiq import backoff
 from aiq.providers.base import classify_status, retry_after_s, retry_after_upper
+from aiq.providers.failures import stated_limit
+from aiq.ratelimit_headers import StatedLimit
 
 
 @given(
@@ -64,6 +66,11 @@ def test_backoff_rejects_attempt_zero() -> None:
         ({"llm_provider-retry-after": "later"}, "", None),
         ({"retry-after": "soon"}, "", None),
         ({}, "no hint here", None),
+        # Groq: whole seconds in the header, rounded up from the message's exact wait.
+        ({"retry-after": "1"}, "Please try again in 200ms.", 0.2),
+        ({"retry-after": "19"}, "Please try again in 18.642s.", 18.642),
+        ({"retry-after": "5"}, "Please try again in 200ms.", 5.0),  # no rounding: the header
+        ({"retry-after": "0.5"}, "Please try again in 200ms.", 0.5),  # (not whole seconds)
     ],
 )
 def test_retry_after_forms(headers: dict[str, str], message: str, expected: float | None) -> None:
@@ -84,6 +91,43 @@ def test_retry_after_forms(headers: dict[str, str], message: str, expected: floa
 )
 def test_only_litellm_routers_delay_is_a_bound(headers: dict[str, str], upper: bool) -> None:
     assert retry_after_upper(httpx.Headers(headers)) is upper
+
+
+@pytest.mark.parametrize(
+    ("message", "stated"),
+    [
+        # OpenAI (its rate-limits guide; captures of real replies)
+        (
+            "Rate limit reached for gpt-4o-mini in organization org-abc on requests per min "
+            "(RPM): Limit 3, Used 3, Requested 1. Please try again in 20s.",
+            StatedLimit("requests", 3),
+        ),
+        (
+            "Rate limit reached for gpt-4o in organization org-abc on tokens per min (TPM): "
+            "Limit 30000, Used 29803, Requested 1223. Please try again in 2.052s.",
+            StatedLimit("tokens", 30000),
+        ),
+        # Groq (console.groq.com/docs/rate-limits): "per minute", and per day, not a pace
+        (
+            "Rate limit reached for model `llama-3.1-8b-instant` in organization `org_x` "
+            "service tier `on_demand` on requests per minute (RPM): Limit 30, Used 30, "
+            "Requested 1. Please try again in 2s.",
+            StatedLimit("requests", 30),
+        ),
+        (
+            "Rate limit reached for model `m` in organization `o` on tokens per minute (TPM): "
+            "Limit 6,000, Used 5,654, Requested 1,234.",
+            StatedLimit("tokens", 6000),
+        ),
+        ("... on requests per day (RPD): Limit 14400, Used 14400, Requested 1.", None),
+        ("Deployment over defined rpm limit=600. current usage=600", None),
+        ("Rate limit exceeded", None),
+    ],
+)
+def test_a_429_message_naming_its_per_minute_limit_is_read(
+    message: str, stated: StatedLimit | None
+) -> None:
+    assert stated_limit(message) == stated
 
 
 @given(ms=st.integers(0, 10**9))

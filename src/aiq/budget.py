@@ -95,11 +95,23 @@ class Budget(WindowSync):
         self.allowance = 1.0
         self._opened = 1.0  # the opening when slots booked ahead were last booked again
         self.shown = not configured  # whether headers have shown this limit's own window
+        self.stated = False  # a 429 named the limit (:meth:`follow_stated`)
 
     def set_limit(self, per_minute: float) -> None:
         """A new limit (one the provider reported); the pace changes from the next booking."""
         self.per_minute = per_minute
         self._interval = 60.0 / (per_minute * self._headroom)
+
+    def follow_stated(self, per_minute: float, now: float) -> None:
+        """A limit a 429's message named (OpenAI's, Groq's: a minute's bucket, just found
+        empty): a ceiling from now, paced from now with no 60-second guard, whatever window
+        the headers show; slots booked ahead at the old pace are taken back."""
+        self._ceiling = min(self._ceiling, per_minute)
+        self.set_limit(min(self.per_minute, per_minute))
+        self.stated = True
+        self.presumed, self._guard = False, False
+        self._tat = min(self._tat, now)
+        self.drop_ahead(now)
 
     def pace_s(self, cost: float) -> float:
         """How far one booking of ``cost`` moves the pace."""
@@ -247,7 +259,8 @@ class Budget(WindowSync):
         if self.burst and self._bucket:
             self._tat = min(self._tat, now)
         self.burst, self.burst_off = False, True
-        self._guard = not self._bucket and not self._calendar  # (as ``sync`` sets it)
+        # (As ``sync`` sets it.)
+        self._guard = not (self._bucket or self._calendar or self.stated)
 
     def next_booked(self, now: float) -> float | None:
         """When the earliest booking after ``now`` goes (refunded ones are no request)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .booking_log import Booking
 from .budget import CALENDAR_MARGIN_S, WINDOW_S, Budget
-from .ratelimit_headers import RateLimitInfo
+from .ratelimit_headers import RateLimitInfo, StatedLimit
 from .refusal_limit import RefusalLimit
 from .slot_waits import SlotWaits
 from .split_tokens import SplitTokens
@@ -109,23 +109,48 @@ class Feedback:
             self._split.taken_back(now)
         self._slots.wake_all()
 
+    def _follow_stated(self, stated: StatedLimit, now: float) -> None:
+        """A per-minute limit a 429 names: a ceiling from now, whatever window the headers
+        show (Groq's show requests per day, and enforce a per-minute limit unreported: paced
+        by its 429s' retry-after alone, one in 20 requests was refused)."""
+        if stated.kind == "tokens" and self._split is not None:
+            return  # (Anthropic's input and output tokens apart: no such message)
+        budget = self._requests if stated.kind == "requests" else self._tokens
+        if budget is None:
+            budget = Budget(
+                stated.per_minute, headroom=self._headroom, outside=stated.kind == "requests"
+            )
+            if stated.kind == "requests":
+                self._requests = budget
+            else:
+                self._tokens = budget
+            self.learned = True
+        elif budget.stated or stated.per_minute >= budget.per_minute:
+            return  # (followed already, or not the limit in force)
+        budget.follow_stated(stated.per_minute, now)
+        self._slots.wake_all()  # senders booked at the old pace book again
+
     def rate_limited(
         self,
         retry_after_s: float | None = None,
         *,
         upper_bound: bool = False,
         ticket: Ticket | None = None,
+        stated: StatedLimit | None = None,
     ) -> float | None:
         """The provider answered 429, asking to wait ``retry_after_s`` (None: no hint);
         returns how long to wait as far as its window goes (None: no hint to go by).
 
-        No more bursts in this run, only the pace. A server that reports no limit has just
-        shown one: what got through in its window (:mod:`aiq.refusal_limit`), the window
-        turning when the hint says, or with none, at the clock's next minute. A hint that is
-        only an upper bound (LiteLLM's router asks for 60 s, but counts calendar minutes)
-        is cut to that minute's turn.
+        No more bursts in this run, only the pace. A limit the 429's message names
+        (``stated``) under the one in force is followed from now, as if configured. A server
+        that reports no limit has just shown one: what got through in its window
+        (:mod:`aiq.refusal_limit`), the window turning when the hint says, or with none, at
+        the clock's next minute. A hint that is only an upper bound (LiteLLM's router asks
+        for 60 s, but counts calendar minutes) is cut to that minute's turn.
         """
         now = self._clock()
+        if stated is not None:
+            self._follow_stated(stated, now)
         for budget in self._budgets():
             budget.stop_bursting(now)
         # The clock's minute turns after the one the refused request was sent in: a reply

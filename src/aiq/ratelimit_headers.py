@@ -33,6 +33,15 @@ NO_WINDOW = Window(None, None, None)
 
 
 @dataclass(frozen=True, slots=True)
+class StatedLimit:
+    """A per-minute limit a 429's message names (``requests`` or ``tokens``), where no
+    header may show it (Groq's requests per minute)."""
+
+    kind: str
+    per_minute: int
+
+
+@dataclass(frozen=True, slots=True)
 class RateLimitInfo:
     """The server's view of its budgets after one response. ``input_tokens`` and
     ``output_tokens`` are Anthropic's separate limits (ITPM, OTPM); others send neither."""

@@ -300,7 +300,7 @@ class Sender:
         limiter.refund(ticket)  # a 429 is not counted against the limits
         # ...and says to pace instead of bursting, or shows a limit nobody reported.
         return limiter.rate_limited(
-            err.retry_after_s, upper_bound=err.retry_after_upper, ticket=ticket
+            err.retry_after_s, upper_bound=err.retry_after_upper, ticket=ticket, stated=err.stated
         )
 
     # -- cut at the learned timeout ------------------------------------------------------

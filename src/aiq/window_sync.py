@@ -67,6 +67,7 @@ class WindowSync:
     per_minute: float
     presumed: bool
     shown: bool
+    stated: bool
     burst: bool
     burst_off: bool
     _headroom: float
@@ -144,7 +145,8 @@ class WindowSync:
         # router), whose own count says what may go from its turn. Guarded, a burst refused
         # 15 s before the turn held the rest a whole minute from the burst.
         self._calendar = own and reset is None
-        self._guard = (self.burst_off and not self._calendar) or not own
+        # (Not over a limit a 429 named: a minute's bucket, OpenAI's or Groq's.)
+        self._guard = ((self.burst_off and not self._calendar) or not own) and not self.stated
         self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf

@@ -13,7 +13,7 @@ import httpx
 import orjson
 
 from ..contract import ErrorType
-from ..ratelimit_headers import RateLimitInfo, read_rate_limits
+from ..ratelimit_headers import RateLimitInfo, StatedLimit, read_rate_limits
 
 # status -> (error type, retryable, fatal). One table: the worker branches on the flags.
 _BY_STATUS: dict[int, tuple[ErrorType, bool, bool]] = {
@@ -58,6 +58,12 @@ SPEND_LIMIT_CODES = frozenset(
 # ``capacity_exceeded`` (its errors page). Backed off, never paced to (PROVIDERS.md).
 CAPACITY_CODES = frozenset({"resource_unavailable", "capacity_exceeded"})
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.IGNORECASE)
+# OpenAI's and Groq's 429s name the per-minute limit broken ("... on requests per min (RPM):
+# Limit 500, Used 500, Requested 1", Groq's "per minute"): a limit enforced without a header
+# (Groq's RPM beside the per-day count its headers show) is learned from it, not from 429s.
+_STATED = re.compile(
+    r"\bon (requests|tokens) per min(?:ute)? \([RT]PM\): Limit (\d[\d,]*)", re.IGNORECASE
+)
 # A key shorter than this is not looked for in what aiq writes. Real keys are long (OpenAI's
 # are 50+ characters, Anthropic's 100+); short ones are the dummies local servers are given
 # (`x`, `test`, `null`, `EMPTY`, `ollama`, `content`), no secret, and common enough as words
@@ -82,6 +88,7 @@ class ProviderError(Exception):
         unreachable: bool = False,
         request_id: str | None = None,
         cut: bool = False,
+        stated: StatedLimit | None = None,
     ) -> None:
         super().__init__(message)
         self.error_type = error_type
@@ -102,6 +109,8 @@ class ProviderError(Exception):
         # aiq's own learned timeout cut the call (aiq.timeouts): it has waited a multiple of
         # the model's slowest replies already, so it goes again at once (aiq.outcomes).
         self.cut = cut
+        # The per-minute limit a 429's message names (:func:`stated_limit`).
+        self.stated = stated
 
 
 def error_from(
@@ -131,6 +140,7 @@ def error_from(
         retry_after_upper=retry_after_upper(resp.headers),
         limits=read_rate_limits(resp.headers),
         request_id=resp.headers.get(request_id_header),
+        stated=stated_limit(message) if resp.status_code == 429 else None,
     )
 
 
@@ -251,14 +261,30 @@ def retry_after_s(headers: httpx.Headers, message: str = "") -> float | None:
             return max(0.0, float(ms) / 1000.0)
         except ValueError:
             pass
+    said = _try_again_s(message)
     for name in ("retry-after", "llm_provider-retry-after"):
         value = headers.get(name)
         if value is not None and (waited := _seconds(value, headers)) is not None:
+            if said is not None and value.isdigit() and waited - 1 < said <= waited:
+                return said  # whole seconds rounded up from the message's (Groq's 1 for 0.2s)
             return waited
+    return said
+
+
+def _try_again_s(message: str) -> float | None:
+    """The delay a message asks for ("Please try again in 18.642s", "... in 120ms")."""
     if m := _TRY_AGAIN.search(message):
         seconds = float(m.group(1))
         return seconds / 1000.0 if m.group(2).lower() == "ms" else seconds
     return None
+
+
+def stated_limit(message: str) -> StatedLimit | None:
+    """The per-minute limit a 429's message names (OpenAI's, Groq's), or None."""
+    if (m := _STATED.search(message)) is None:
+        return None
+    limit = int(m.group(2).replace(",", ""))
+    return StatedLimit(m.group(1).lower(), limit) if limit > 0 else None
 
 
 def retry_after_upper(headers: httpx.Headers) -> bool:
