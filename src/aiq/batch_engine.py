@@ -32,15 +32,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from .batch_files import write_requests
-from .batch_records import Batch, BatchKey, BatchRun, Polled
+from .batch_records import Batch
 from .batch_results import LineRules, count, over_token_limit, oversized
+from .batch_wire import BatchKey, Polled
 from .errors import FatalProviderError
 from .outcomes import RetryPolicy
 from .pricing import Price
 from .providers.base import ProviderError
 from .providers.batches import Answers, BatchService
 from .records import QUEUED, Job, Outcome
-from .run_records import Progress
+from .run_records import BatchRun, Progress
 from .store import JobStore
 
 _POLL_FIRST_S = 0.2  # the first look at a new batch; doubled each unchanged look...

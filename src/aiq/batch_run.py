@@ -13,7 +13,6 @@ import httpx
 
 from .batch_cancel import BatchCanceller
 from .batch_engine import BatchEngine, Watch
-from .batch_records import BatchRun
 from .config import Config
 from .contract import StopReason
 from .database import rollback
@@ -21,7 +20,7 @@ from .errors import FatalProviderError, UsageError
 from .outcomes import RetryPolicy
 from .providers.batches import BatchService
 from .providers.factory import BATCH_CLASSES, make_batch_service
-from .run_records import Progress
+from .run_records import BatchRun, Progress
 from .store import JobStore
 
 Note = Callable[[str], None]
