@@ -199,10 +199,10 @@ class Database:
 
 async def _connection(database: str, *, uri: bool, blocking: bool) -> aiosqlite.Connection:
     if blocking:
-        from . import blocking as inline
+        from .blocking import connect as connect_here
 
         # The part of aiosqlite's Connection the store uses (blocking.Connection's docstring).
-        return cast("aiosqlite.Connection", inline.connect(database, uri=uri, isolation_level=None))
+        return cast("aiosqlite.Connection", connect_here(database, uri=uri, isolation_level=None))
     import aiosqlite
 
     return await aiosqlite.connect(database, uri=uri, isolation_level=None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from . import blocking
+from .blocking import run as run_here
 from .config import Config
 from .database import require_store
 from .lock import StoreLock, run_state
@@ -43,7 +43,7 @@ async def store_status(config: Config) -> Stats:
 def store_status_now(config: Config) -> Stats:
     """``store_status`` in the calling thread, without an event loop (aiq.blocking): the
     CLI's, which then starts without asyncio and aiosqlite."""
-    return blocking.run(_status(config, blocking=True))
+    return run_here(_status(config, blocking=True))
 
 
 async def _status(config: Config, *, blocking: bool) -> Stats:
