@@ -1,11 +1,11 @@
 """The store's coroutines run in the calling thread, over the standard library's sqlite3: no
 event loop, no aiosqlite thread.
 
-``aiq status`` reads a few rows. Importing asyncio and aiosqlite for that cost about as
-much as the rest of its start-up besides typer (bench/README.md, "Start-up"), so it opens
-the store with ``connect`` and runs the same ``JobStore`` code with ``run``: ``Connection``
-is the part of aiosqlite's that the store uses, with awaitables that never suspend. What a
-coroutine reads is then the code every other command runs, not a second copy in SQL.
+``aiq status`` reads a few rows. Importing asyncio and aiosqlite for that took about a fifth
+of its start-up (bench/README.md, "Start-up"), so it opens the store with ``connect`` and
+runs the same ``JobStore`` code with ``run``: ``Connection`` is the part of aiosqlite's that
+the store uses, with awaitables that never suspend. What a coroutine reads is then the code
+every other command runs, not a second copy in SQL.
 """
 
 from __future__ import annotations
