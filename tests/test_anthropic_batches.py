@@ -19,8 +19,9 @@ from fakeserver import FakeServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiq.batch_records import Batch, BatchKey, Line
+from aiq.batch_records import Batch
 from aiq.batch_results import LineRules
+from aiq.batch_wire import BatchKey, Line
 from aiq.outcomes import RetryPolicy
 from aiq.pricing import Price
 from aiq.providers.anthropic import AnthropicProvider

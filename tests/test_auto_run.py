@@ -11,9 +11,8 @@ from typing import Any
 
 from aiq.auto_run import SWITCHED_META, DeadlineWatch, run_auto
 from aiq.batch_files import LINE_OVERHEAD
-from aiq.batch_records import BatchRun
 from aiq.config import Config
-from aiq.run_records import Progress, RunSummary
+from aiq.run_records import BatchRun, Progress, RunSummary
 from aiq.runner import add_file
 from aiq.store import JobStore, open_store
 

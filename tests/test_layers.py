@@ -282,7 +282,10 @@ def test_status_loads_no_http_client_and_no_renderer(tmp_path: Path) -> None:
     )  # fmt: skip
     assert (tmp_path / ".aiq" / "aiq.db").exists()
     mods = loaded(_cli("status"), tmp_path)
-    assert {"aiq.store_commands", "aiosqlite"} <= mods  # it did read the store
+    assert {"aiq.store_commands", "aiq.blocking", "sqlite3"} <= mods  # it did read the store
+    # in this thread (aiq.blocking), without an event loop, nor the reader of input lines
+    unread = {"asyncio", "aiosqlite", "aiq.inputs", "aiq.batch_wire", "socket", "secrets"}
+    assert not unread & mods, sorted(unread & mods)
     engine = {"aiq.runner", "aiq.online_run", "aiq.worker", "aiq.limiter", "aiq.limiters"}
     # nor what other commands read: a run's records, the forecast, the exporter, replay
     engine |= {"aiq.run_records", "aiq.forecast", "aiq.outputs", "aiq.replay", "aiq.inspection"}

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BatchEngine": "batch_engine",
     "Batch": "batch_records",
-    "BatchRun": "batch_records",
+    "BatchRun": "run_records",
     "Config": "config",
     "CostMeter": "costs",
     "forecast_file": "dry_run",
@@ -102,7 +102,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_layers.py)
     from .batch_engine import BatchEngine
-    from .batch_records import Batch, BatchRun
+    from .batch_records import Batch
     from .config import Config
     from .costs import CostMeter
     from .dry_run import forecast_file
@@ -139,7 +139,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     from .providers.openai_batches import BatchApi
     from .records import EnqueueCounts, ModelUsage, Pruned, Replayed, Stats, Target, TierUsage
     from .requestfile import read_requests
-    from .run_records import Export, Progress, RunSummary
+    from .run_records import BatchRun, Export, Progress, RunSummary
     from .runner import add_file, cancel_batches, run_batch
     from .store import JobStore
     from .store_commands import (

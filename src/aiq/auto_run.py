@@ -19,11 +19,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from .batch_records import BatchRun
 from .config import Config
 from .deadline import Outlook, allowance_s, deadline_text, online_rate
 from .errors import FatalProviderError
-from .run_records import Progress, RunSummary
+from .run_records import BatchRun, Progress, RunSummary
 from .store import JobStore
 
 SWITCHED_META = "auto:online"  # the deadline (repr) a switch to online was made for

@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from .batch_engine import BatchEngine
-from .batch_records import Batch, BatchRun
+from .batch_records import Batch
 from .providers.base import ProviderError
+from .run_records import BatchRun
 
 
 class BatchCanceller(BatchEngine):

@@ -14,7 +14,7 @@ batch's life, each step written before the call that follows it (aiq.batchqueue)
 4. polled with backoff until it ends, then its results read back and **ingested**: every
    job of the batch ends exactly once, done, dead (by the online error table,
    aiq.outcomes), or queued again without costing an attempt (expired, cancelled, failed
-   with the rest of a batch, missing from the results).
+   with the rest of a batch, missing from the results): aiq.batch_ingest.
 
 A run killed between two steps finds the last one written. Before doing the next again, it
 asks the provider whether that happened: a file of the batch's name is looked for among the
@@ -32,20 +32,20 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from .batch_files import write_requests
-from .batch_records import Batch, BatchKey, BatchRun, Polled
-from .batch_results import LineRules, count, over_token_limit, oversized
+from .batch_ingest import BatchIngest
+from .batch_records import Batch
+from .batch_results import LineRules, oversized
+from .batch_wire import BatchKey, Polled
 from .errors import FatalProviderError
 from .outcomes import RetryPolicy
 from .pricing import Price
 from .providers.base import ProviderError
 from .providers.batches import Answers, BatchService
-from .records import QUEUED, Job, Outcome
-from .run_records import Progress
+from .run_records import BatchRun, Progress
 from .store import JobStore
 
 _POLL_FIRST_S = 0.2  # the first look at a new batch; doubled each unchanged look...
 _POLL_CAP_S = 60.0  # ...up to this
-_INGEST_BLOCK = 1000  # outcomes written per transaction while ingesting
 
 _PACE_FIRST_S = 1.0  # the first wait after a batch failed on the enqueued-token limit
 Note = Callable[[str], None]
@@ -83,11 +83,14 @@ class BatchEngine:
         self._provider = provider
         self._dir = files_dir
         self.progress = progress
-        self._retry = retry
         self._note = note
         self._poll_cap_s = poll_cap_s
         self._wall = wall
         self.run_record = BatchRun()
+        self._results = BatchIngest(
+            store, api, self._rules, progress=progress, record=self.run_record,
+            max_attempts=retry.max_attempts, note=note,
+        )  # fmt: skip
         self._fresh: set[int] = set()  # batches whose next call this process never tried
         self._not_before: dict[int, float] = {}  # batch -> when its next call may go
         self._poll_s: dict[int, float] = {}  # batch -> the wait before its next look
@@ -251,7 +254,7 @@ class BatchEngine:
                     raise
                 # Refused for good (a bad file, an endpoint not offered): each job's own
                 # error, by the error table.
-                await self._refused(batch, err)
+                await self._results.refused(batch, err, started=self._wall())
                 return await self._reread(batch)
             finally:
                 if not self._api.uploads:
@@ -280,7 +283,7 @@ class BatchEngine:
             jobs = await self._store.batch_jobs(batch.id)
             now = self._wall()
             block = [self._rules.failed(jobs[i], err, started=now) for i, err in written.refused]
-            await self._write(batch, block)
+            await self._results.write(batch, block)
             self._note(
                 f"batch {batch.id}: {len(block):,} of its requests refused; the first: "
                 f"{block[0].error_message}"
@@ -316,100 +319,21 @@ class BatchEngine:
         self._poll_s[batch.id] = min(self._poll_cap_s, wait_s * 2)
         self._not_before[batch.id] = self._wall() + wait_s
 
-    # -- ingest -----------------------------------------------------------------------------
-
     async def _ingest(self, batch: Batch, polled: Polled) -> None:
-        """Every job of an ended batch to done, dead or the queue, as its lines say; a job
-        no line names is queued again: missing (an expired batch lists its unfinished lines
-        in the error file, so one in neither file is missing, and counted towards dead), or
-        cancelled or failed with its batch, or not ours (every line another batch's)."""
-        jobs = await self._store.batch_jobs(batch.id)
-        order = list(jobs)  # line N of the input file is the Nth job by id
-        not_run: dict[str, list[int]] = {}
-        retried, ours = await self._read_lines(batch, jobs, not_run)
-        why = "cancelled" if batch.state == "cancelled" else "missing"
-        if not ours:
-            # Every line is another batch's: a lost creation was found again wrongly (a
-            # provider with no metadata, aiq.providers.anthropic_batches): no job's fault.
-            why = "not_ours"
-            self._note(f"batch {batch.id} {batch.provider_batch_id}: not this batch's lines")
-        elif batch.state == "failed" and over_token_limit(polled.raw):
-            why = "token_limit"  # the account's enqueued tokens: a pace, not the jobs' fault
+        """An ended batch's results into the store (aiq.batch_ingest); a batch failed on the
+        account's enqueued-token limit paces the next ones, a completed one ends that."""
+        ingested = await self._results.ingest(batch, polled, self._key(batch))
+        if ingested.why == "token_limit":
             self._pace()
-        elif batch.state == "failed":
-            why = "failed"
-            block = self._rules.invalid_lines(polled.raw, jobs, order, started=batch.created_at)
-            await self._write(batch, block)
-            retried += sum(o.state == QUEUED for o in block)
         elif batch.state == "completed":
             self._pace_s = 0.0
-        not_run.setdefault(why, []).extend(jobs)
-        dead = await self._store.close_batch(
-            batch.id, batch.state, not_run, retried=retried,
-            missing_limit=self._retry.max_attempts,
-        )  # fmt: skip
-        self.progress.dead += dead
-        self.progress.dead_now += dead
-        self._collected(batch, not_run, retried)
-
-    async def _read_lines(
-        self, batch: Batch, jobs: dict[int, Job], not_run: dict[str, list[int]]
-    ) -> tuple[int, bool]:
-        """Ingest the batch's result lines, a block at a time, taking each line's job out
-        of ``jobs`` (a line whose job is not there was ingested before a crash, or is not
-        this batch's). Lines that never ran are put in ``not_run``; returns how many lines
-        their own outcome queued again, and whether the lines could be this batch's (any
-        names a job, or none came)."""
-        retried = foreign = named = 0
-        block: list[Outcome] = []
-        async for line in self._api.lines(batch, self._key(batch)):
-            if line is None:  # one file read: its lines in before the next is asked for
-                await self._write(batch, block)
-                block = []
-                continue
-            named += line.job_id is not None
-            foreign += line.job_id is None
-            job = None if line.job_id is None else jobs.pop(line.job_id, None)
-            if job is None:
-                continue
-            result = self._rules.outcome(job, line, started=batch.created_at)
-            if isinstance(result, str):
-                not_run.setdefault(result, []).append(job.id)
-                continue
-            retried += result.state == QUEUED
-            block.append(result)
-            if len(block) >= _INGEST_BLOCK:
-                await self._write(batch, block)
-                block = []
-        await self._write(batch, block)
-        return retried, bool(named or not foreign)
+        self._collected(batch, ingested.not_run, ingested.retried)
 
     def _collected(self, batch: Batch, not_run: dict[str, list[int]], retried: int) -> None:
         """The batch is ingested: forget its pacing, and say what came back to the queue."""
         self._poll_s.pop(batch.id, None)
         self._not_before.pop(batch.id, None)
-        self.run_record.collected.append(batch.id)
-        counted = {r: len(ids) for r, ids in not_run.items() if ids}
-        if retried:
-            counted["retry"] = retried
-        for reason, n in counted.items():
-            self.run_record.requeued[reason] = self.run_record.requeued.get(reason, 0) + n
-        again = ", ".join(f"{n:,} {r}" for r, n in counted.items()) or "none"
-        self._note(f"batch {batch.id} {batch.provider_batch_id}: ingested; re-queued: {again}")
-
-    async def _refused(self, batch: Batch, err: ProviderError) -> None:
-        """A batch whose creation was refused for good: every job gets the error."""
-        jobs = await self._store.batch_jobs(batch.id)
-        started = self._wall()
-        block = [self._rules.failed(job, err, started=started) for job in jobs.values()]
-        await self._write(batch, block)
-        retried = sum(o.state == QUEUED for o in block)
-        await self._store.close_batch(batch.id, "refused", {}, retried=retried)
-        self._note(f"batch {batch.id}: refused: {err.message}")
-
-    async def _write(self, batch: Batch, block: list[Outcome]) -> None:
-        await self._store.ingest(batch.id, block)
-        count(self.progress, block)
+        self._results.collected(batch, not_run, retried)
 
     async def _dead_oversized(self) -> None:
         """A request too big for any input file can never go by batch: dead at once."""

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .batch_records import JSONL, Frame, Line
+from .batch_wire import JSONL, Frame, Line
 from .providers.base import ProviderError
 from .providers.batches import Encode
 from .providers.openai_batches import (

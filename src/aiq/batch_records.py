@@ -1,5 +1,6 @@
-"""What the store keeps of a provider batch (aiq.batchqueue) and what a batch run did: plain
-records, for the engine, status and the summary alike."""
+"""What the store keeps of a provider batch (aiq.batchqueue): a plain record, for the engine
+and status alike. What a batch run did is ``run_records.BatchRun``; what aiq and a provider's
+batch API pass each other, ``batch_wire``."""
 
 from __future__ import annotations
 
@@ -54,87 +55,3 @@ class Batch:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
-
-
-@dataclass(slots=True, kw_only=True)
-class BatchRun:
-    """What one batch run did: batches submitted and collected, lines by fate."""
-
-    submitted: list[int] = field(default_factory=list)  # batch ids created by this run
-    submitted_lines: int = 0
-    collected: list[int] = field(default_factory=list)  # batch ids ingested by this run
-    open: int = 0  # batches still with the provider when the run ended
-    requeued: dict[str, int] = field(default_factory=dict)
-    detached: bool = False
-    switched_online: bool = False  # --via auto: the deadline called for online (aiq.auto_run)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "submitted": self.submitted,
-            "submitted_lines": self.submitted_lines,
-            "collected": self.collected,
-            "open": self.open,
-            "requeued": self.requeued,
-            "detached": self.detached,
-            "switched_online": self.switched_online,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Line:
-    """One result line of a batch, as aiq reads it, whichever provider wrote it."""
-
-    job_id: int | None
-    status_code: int | None  # the response's; None: no response (an ``error`` instead)
-    request_id: str | None
-    body: bytes  # the response body, as JSON bytes (b"" with no response)
-    error_code: str | None  # why it never ran (batch_expired, batch_cancelled, ...)
-    error_message: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BatchKey:
-    """What names one of aiq's batches at the provider: the store's tag and the batch's
-    id (metadata, file names, custom_ids), with what a lost creation is found again by."""
-
-    tag: str
-    batch_id: int
-    endpoint: str
-    requests: int
-    planned_at: float  # epoch seconds
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Polled:
-    """A provider batch as last looked at, in aiq's terms: its id and state (the
-    provider's own word), counts with ``total``, ``completed`` and ``failed`` (and any the
-    provider adds), whether it has ended, and the raw object."""
-
-    id: str
-    state: str
-    counts: dict[str, int]
-    ended: bool
-    raw: dict[str, Any]
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The most one batch takes: requests, bytes, and a line's bytes besides its body."""
-
-    max_requests: int
-    max_bytes: int
-    overhead: int
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """What goes around an input file's requests: before, between and after them."""
-
-    head: bytes = b""
-    sep: bytes = b"\n"
-    tail: bytes = b"\n"
-
-
-JSONL = Frame()  # one request a line (OpenAI's input file)

@@ -6,22 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 
 from .batch_cancel import BatchCanceller
 from .batch_engine import BatchEngine, Watch
-from .batch_records import BatchRun
 from .config import Config
 from .contract import StopReason
 from .database import rollback
 from .errors import FatalProviderError, UsageError
+from .interrupts import stopped_by
 from .outcomes import RetryPolicy
 from .providers.batches import BatchService
 from .providers.factory import BATCH_CLASSES, make_batch_service
-from .run_records import Progress
+from .run_records import BatchRun, Progress
 from .store import JobStore
 
 Note = Callable[[str], None]
@@ -94,7 +93,7 @@ async def work_batches(
     stopped: StopReason | None = None
     fatal = None
     try:
-        with _stopped_by(stop, config.max_runtime_s, handle_signals):
+        with stopped_by(stop, max_runtime_s=config.max_runtime_s, handle_signals=handle_signals):
             await task
         stopped = stops[0] if stops else None
     except asyncio.CancelledError:
@@ -119,27 +118,3 @@ async def _out_of_transaction(store: JobStore) -> None:
     db = store.connection
     await db.execute("SELECT 1")
     await rollback(db)
-
-
-@contextlib.contextmanager
-def _stopped_by(
-    stop: Callable[[StopReason], None], max_runtime_s: float | None, handle_signals: bool
-) -> Iterator[None]:
-    """SIGINT and SIGTERM (with ``handle_signals``) and --max-runtime routed to ``stop``
-    meanwhile; the process's own handlers put back after."""
-    loop = asyncio.get_running_loop()
-    limit = loop.call_later(max_runtime_s, stop, "limit") if max_runtime_s else None
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    if handle_signals:
-        for sig in previous:
-            loop.add_signal_handler(sig, stop, "interrupted")
-    try:
-        yield
-    finally:
-        if limit is not None:
-            limit.cancel()
-        if handle_signals:
-            for sig, handler in previous.items():
-                loop.remove_signal_handler(sig)
-                if handler is not None:
-                    signal.signal(sig, handler)

@@ -9,7 +9,6 @@ provider whether the next one happened before doing it again (aiq.batch_engine).
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -45,6 +44,8 @@ class BatchQueue(JobQueue):
         sending to one account must never adopt each other's batches."""
         tag = await self.meta("store_tag")
         if tag is None:
+            import secrets  # here: `aiq status` starts without it (hmac, random: ~3 ms)
+
             tag = secrets.token_hex(6)
             async with self.transaction(count=False):
                 await self._db.execute(

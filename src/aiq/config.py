@@ -7,7 +7,6 @@ file; everything below the CLI receives a Config.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -15,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .contract import OnTruncated, Order, ProviderName, Via
+from .defaults import Defaults
 from .errors import UsageError
-from .inputs import Defaults
 from .pricing import Price, price_table
 from .records import Target
 from .registry import DEFAULT, SPECS, ProviderSpec, spec_for
@@ -306,6 +305,8 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     for key, value in data.items():
         name = _ALIASES.get(key, key)
         if name not in _FILE_KEYS:
+            import difflib  # here: only a misspelt setting needs it
+
             close = difflib.get_close_matches(str(key), [*_FILE_KEYS, *_ALIASES], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             unknown.append(f"{path}: unknown setting {key!r}{hint}")

@@ -10,15 +10,15 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Self, cast
 from urllib.parse import quote
 
-import aiosqlite
-
 from .errors import StoreError
-from .inputs import custom_id_hash
 from .lock import make_store_dir
 from .migrations import MIGRATIONS
+
+if TYPE_CHECKING:
+    import aiosqlite  # imported where a connection is made: `aiq status` reads without it
 
 _PRAGMAS = (
     "PRAGMA journal_mode = WAL",
@@ -51,9 +51,13 @@ class Database:
         self.path = path
 
     @classmethod
-    async def open(cls, path: str | os.PathLike[str], *, readonly: bool = False) -> Self:
+    async def open(
+        cls, path: str | os.PathLike[str], *, readonly: bool = False, blocking: bool = False
+    ) -> Self:
         """Open (creating and migrating unless ``readonly``) the store at ``path``.
 
+        ``blocking``: over aiq.blocking's connection, in the calling thread, for coroutines
+        that ``blocking.run`` drives without an event loop (and without importing asyncio).
         Raises StoreError, naming the path and what to do, when it cannot be used.
         """
         p = Path(path)
@@ -61,21 +65,23 @@ class Database:
             raise StoreError(f"{p}: is a directory; pass --db a file path, like {p / 'aiq.db'}")
         if not readonly:
             _create(p)
-            return await cls._connect(p, str(p), readonly=False)
+            return await cls._connect(p, str(p), readonly=False, blocking=blocking)
         require_store(p)
         if os.access(p, os.W_OK) and os.access(p.parent, os.W_OK):
             # Read-write, but query_only: SQLite removes the -wal and -shm files when the last
             # connection closes, which a mode=ro connection cannot do (`aiq check` or `status`
             # would leave them behind). Nothing is written: query_only refuses it.
             try:
-                return await cls._connect(p, f"file:{quote(str(p))}?mode=rw", readonly=True)
+                return await cls._connect(
+                    p, f"file:{quote(str(p))}?mode=rw", readonly=True, blocking=blocking
+                )
             except StoreOutdated:
                 raise
             except StoreError:
                 pass  # then as a reader that may not write
         uri = f"file:{quote(str(p))}?mode=ro"
         try:
-            return await cls._connect(p, uri, readonly=True)
+            return await cls._connect(p, uri, readonly=True, blocking=blocking)
         except StoreError as exc:
             wal = Path(f"{p}-wal")
             if not isinstance(exc.__cause__, sqlite3.OperationalError) or (
@@ -85,12 +91,12 @@ class Database:
         # A store in a directory aiq may not write (a read-only mount, another user's store):
         # WAL mode cannot make its -shm file there. With no -wal to read, the database file
         # is the whole store and nobody can be writing it, so it is read as immutable.
-        return await cls._connect(p, uri + "&immutable=1", readonly=True)
+        return await cls._connect(p, uri + "&immutable=1", readonly=True, blocking=blocking)
 
     @classmethod
-    async def _connect(cls, p: Path, uri: str, *, readonly: bool) -> Self:
+    async def _connect(cls, p: Path, uri: str, *, readonly: bool, blocking: bool) -> Self:
         try:
-            db = await aiosqlite.connect(uri, uri=readonly, isolation_level=None)
+            db = await _connection(uri, uri=readonly, blocking=blocking)
         except sqlite3.Error as exc:
             raise store_error(p, exc) from exc
         store = cls(db, p)
@@ -99,8 +105,12 @@ class Database:
                 await db.execute(pragma)
             if readonly:
                 await db.execute("PRAGMA query_only = 1")
-            # For migrations that rename items (0005_line_ids).
-            await db.create_function("aiq_custom_id_hash", 1, custom_id_hash, deterministic=True)
+            else:  # for migrations that rename items (0005_line_ids); a reader applies none
+                from .inputs import custom_id_hash  # here: `aiq status` reads without it
+
+                await db.create_function(
+                    "aiq_custom_id_hash", 1, custom_id_hash, deterministic=True
+                )
             await store._migrate(readonly=readonly)
         except BaseException as exc:
             with suppress(sqlite3.Error):
@@ -185,6 +195,17 @@ class Database:
             await self._db.execute_fetchall("SELECT value FROM meta WHERE name = ?", (name,))
         )
         return rows[0][0] if rows else None
+
+
+async def _connection(database: str, *, uri: bool, blocking: bool) -> aiosqlite.Connection:
+    if blocking:
+        from .blocking import connect as connect_here
+
+        # The part of aiosqlite's Connection the store uses (blocking.Connection's docstring).
+        return cast("aiosqlite.Connection", connect_here(database, uri=uri, isolation_level=None))
+    import aiosqlite
+
+    return await aiosqlite.connect(database, uri=uri, isolation_level=None)
 
 
 def require_store(path: str | os.PathLike[str]) -> None:

@@ -6,11 +6,9 @@ never leaves a stale lock behind. The file also says who holds it, for the error
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import os
-import socket
 import time
 from contextlib import suppress
 from dataclasses import replace
@@ -70,6 +68,8 @@ class StoreLock:
         """``async with StoreLock(db_path):`` — the same, waiting without blocking the event
         loop: a program that runs aiq beside other tasks keeps running them for the
         ``--wait`` seconds, and a run in the same process can release the lock meanwhile."""
+        import asyncio  # here: `aiq status` reads the lock file (run_state) without a loop
+
         fd = self._open()
         deadline = time.monotonic() + self.wait_s
         try:
@@ -96,7 +96,7 @@ class StoreLock:
                 "wait for it to finish, or pass --wait SECONDS"
             ) from None
         self._fd = fd
-        self._info = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()}
+        self._info = {"pid": os.getpid(), "host": _host(), "started_at": time.time()}
         with suppress(OSError):  # first: what the last run wrote must not speak for this one
             os.ftruncate(fd, 0)
         self._write()
@@ -156,7 +156,7 @@ def run_state(db_path: str | os.PathLike[str]) -> RunState:
         )
         if state.ended_at is not None:
             return state
-        if state.host == socket.gethostname() and state.pid is not None and _gone(state.pid):
+        if state.host == _host() and state.pid is not None and _gone(state.pid):
             return state  # died, and no need to touch the lock at all
         try:
             # A shared lock, given back at once: it fails while a run holds the exclusive
@@ -168,6 +168,12 @@ def run_state(db_path: str | os.PathLike[str]) -> RunState:
         return state
     finally:
         os.close(fd)
+
+
+def _host() -> str:
+    # socket.gethostname() is uname's nodename (POSIX, as flock is); the socket module would
+    # cost `aiq status` ~3 ms of start-up, for this string.
+    return os.uname().nodename
 
 
 def _read(fd: int) -> dict[str, object]:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +17,7 @@ from .config import Config
 from .contract import StopReason
 from .costs import CostMeter
 from .errors import FatalProviderError, UsageError
+from .interrupts import stopped_by
 from .joblog import OnAttempt
 from .metrics import MetricsWriter
 from .outputs import export_all
@@ -182,7 +182,7 @@ async def _work(
     """
     task = asyncio.ensure_future(worker.run())
     stops = _Stops(worker, task)
-    with _stopped_by(stops, config.max_runtime_s, handle_signals):
+    with stopped_by(stops, max_runtime_s=config.max_runtime_s, handle_signals=handle_signals):
         await _tick_until_done(worker, task, on_progress, interval_s, config.grace_s)
     return "fatal" if worker.fatal is not None else stops.reason
 
@@ -197,39 +197,16 @@ class _Stops:
         self._task = task
         self._signals = 0
 
-    def on_signal(self) -> None:
-        self._signals += 1
-        self.reason = "interrupted"
+    def __call__(self, reason: StopReason) -> None:
+        """A signal (``interrupted``) or the deadline (``limit``; a signal's word wins)."""
         self._worker.stop()
+        if reason != "interrupted":
+            self.reason = self.reason or reason
+            return
+        self._signals += 1
+        self.reason = reason
         if self._signals > 1:
             self._task.cancel()
-
-    def on_deadline(self) -> None:
-        self.reason = self.reason or "limit"
-        self._worker.stop()
-
-
-@contextlib.contextmanager
-def _stopped_by(stops: _Stops, max_runtime_s: float | None, handle_signals: bool) -> Iterator[None]:
-    """SIGINT and SIGTERM (with ``handle_signals``) and the deadline routed to ``stops``
-    meanwhile; the process's own handlers put back after."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.call_later(max_runtime_s, stops.on_deadline) if max_runtime_s else None
-    # asyncio puts back the defaults, not what was there: keep the CLI's, for the export.
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    if handle_signals:
-        for sig in previous:
-            loop.add_signal_handler(sig, stops.on_signal)
-    try:
-        yield
-    finally:
-        if deadline is not None:
-            deadline.cancel()
-        if handle_signals:
-            for sig, handler in previous.items():
-                loop.remove_signal_handler(sig)
-                if handler is not None:  # None: not set from Python, nothing to put back
-                    signal.signal(sig, handler)
 
 
 async def _tick_until_done(

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # Job states live in aiq.contract; named here too, where the store's readers look for them.
-from .batch_records import Batch
 from .contract import DEAD as DEAD
 from .contract import DONE as DONE
 from .contract import QUEUED as QUEUED
@@ -16,8 +15,12 @@ from .contract import RUNNING as RUNNING
 from .contract import STATE_NAMES as STATE_NAMES
 from .contract import JobError, JobState, ProviderName, StateName, Tier, Via
 from .errors import EMPTY_INPUT, SKIPPED_LINES
-from .inputs import BadLine
-from .usage import TokenKinds, Usage
+from .usage import TokenKinds
+
+if TYPE_CHECKING:  # in annotations only: `aiq status` reads these records without them
+    from .batch_records import Batch
+    from .inputs import BadLine
+    from .usage import Usage
 
 
 def k64(key: bytes) -> int:

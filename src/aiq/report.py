@@ -11,8 +11,8 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .defaults import DEFAULT_NAMES, WITHHELD_TEMPERATURE
 from .durations import fmt_duration
-from .inputs import DEFAULT_NAMES, WITHHELD_TEMPERATURE
 from .records import UNKNOWN_TIER, EnqueueCounts, Pruned, Replayed, Stats, TierUsage
 from .report_batches import batch_lines, batch_run_line
 from .text import plural, size_text, usd

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from .batch_records import BatchRun
+from typing import TYPE_CHECKING
+
 from .durations import fmt_duration
-from .records import Stats
 from .text import plural
+
+if TYPE_CHECKING:
+    from .records import Stats
+    from .run_records import BatchRun
 
 
 def batch_run_line(b: BatchRun) -> str:

@@ -28,12 +28,14 @@ import os
 import shutil
 import time
 from pathlib import Path
-
-import aiosqlite
+from typing import TYPE_CHECKING
 
 from .records import DEAD, DONE, Pruned
 from .store import PRUNED_META, JobStore
 from .text import size_text
+
+if TYPE_CHECKING:
+    import aiosqlite  # `aiq status` imports this module (store_size), and reads without it
 
 __all__ = ["Pruned", "prune", "store_size", "vacuum"]
 

@@ -1,5 +1,5 @@
-"""What a run reports: its live ``Progress``, the ``Export`` of each input file's outputs and
-the ``RunSummary`` at its end.
+"""What a run reports: its live ``Progress``, the ``Export`` of each input file's outputs,
+what a batch run did (``BatchRun``) and the ``RunSummary`` at its end.
 
 Plain records beside :mod:`aiq.records` (what the store hands out), so that the views (the
 progress display, the metrics file, the text report) and the CLI can read a run's figures
@@ -10,14 +10,38 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from .batch_records import BatchRun
 from .contract import TIERS, OnTruncated, StopReason
 from .errors import FatalProviderError, Interrupted, LimitReached
 from .records import UNKNOWN_TIER, EnqueueCounts, Stats, TierUsage
 from .usage import TokenKinds
 
-__all__ = ["AttemptEvent", "Export", "Progress", "RunSummary", "TierSpend"]
+__all__ = ["AttemptEvent", "BatchRun", "Export", "Progress", "RunSummary", "TierSpend"]
+
+
+@dataclass(slots=True, kw_only=True)
+class BatchRun:
+    """What one batch run did: batches submitted and collected, lines by fate."""
+
+    submitted: list[int] = field(default_factory=list)  # batch ids created by this run
+    submitted_lines: int = 0
+    collected: list[int] = field(default_factory=list)  # batch ids ingested by this run
+    open: int = 0  # batches still with the provider when the run ended
+    requeued: dict[str, int] = field(default_factory=dict)
+    detached: bool = False
+    switched_online: bool = False  # --via auto: the deadline called for online (aiq.auto_run)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "submitted": self.submitted,
+            "submitted_lines": self.submitted_lines,
+            "collected": self.collected,
+            "open": self.open,
+            "requeued": self.requeued,
+            "detached": self.detached,
+            "switched_online": self.switched_online,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,6 +32,7 @@ from .run_records import Progress, RunSummary
 from .store import JobStore, open_store
 
 if TYPE_CHECKING:
+    from .auto_run import ByBatch, Online, Result
     from .batch_engine import Watch
     from .online_run import ProgressCallback
 
@@ -96,29 +97,45 @@ async def run_batch(
                 _batch_run, store, input_path=input_path, out=out, dead=dead, added=added,
                 detach=detach, note=note, handle_signals=handle_signals,
             )  # fmt: skip
-
-            async def online(config: Config) -> tuple[RunSummary, FatalProviderError | None]:
-                from .online_run import run_online
-
-                return await run_online(
-                    store, config, input_path, added, out=out, dead=dead,
-                    on_progress=on_progress, progress_interval_s=progress_interval_s,
-                    handle_signals=handle_signals, on_attempt=on_attempt, metrics=metrics,
-                )  # fmt: skip
-
-            if config.via == "auto":
-                from .auto_run import run_auto
-
-                run = run_auto(store, config, by_batch=by_batch, online=online, note=note)
-                summary, fatal = await run
-            elif config.via == "batch":
-                summary, fatal = await by_batch(config)
-            else:
-                summary, fatal = await online(config)
+            online = functools.partial(
+                _online_run, store, input_path=input_path, added=added, out=out, dead=dead,
+                on_progress=on_progress, progress_interval_s=progress_interval_s,
+                handle_signals=handle_signals, on_attempt=on_attempt, metrics=metrics,
+            )  # fmt: skip
+            summary, fatal = await _by_via(store, config, by_batch, online, note)
     summary.duration_s = time.monotonic() - started
     if fatal is not None:
         raise fatal
     return summary
+
+
+async def _by_via(
+    store: JobStore, config: Config, by_batch: ByBatch, online: Online,
+    note: Callable[[str], None],
+) -> Result:  # fmt: skip
+    """The run's jobs sent the way ``config.via`` says: online, by the provider's batches,
+    or (auto) batches first and online once the deadline needs it (aiq.auto_run)."""
+    if config.via == "auto":
+        from .auto_run import run_auto
+
+        return await run_auto(store, config, by_batch=by_batch, online=online, note=note)
+    return await (by_batch if config.via == "batch" else online)(config)
+
+
+async def _online_run(
+    store: JobStore, config: Config, *, input_path: Path | None, added: EnqueueCounts | None,
+    out: str | None, dead: str | None, on_progress: ProgressCallback | None,
+    progress_interval_s: float, handle_signals: bool, on_attempt: OnAttempt | None,
+    metrics: MetricsWriter | None,
+) -> Result:  # fmt: skip
+    """An online run (aiq.online_run: the worker, imported here, so a batch run loads none)."""
+    from .online_run import run_online
+
+    return await run_online(
+        store, config, input_path, added, out=out, dead=dead, on_progress=on_progress,
+        progress_interval_s=progress_interval_s, handle_signals=handle_signals,
+        on_attempt=on_attempt, metrics=metrics,
+    )  # fmt: skip
 
 
 def _check_input(config: Config, input_path: Path | None) -> None:

@@ -22,7 +22,6 @@ import orjson
 
 from . import tallies
 from .batchqueue import BatchQueue
-from .inputs import custom_id_hash
 from .records import DEAD, DONE, QUEUED, RUNNING, Carried, Source, Stats, Target
 
 # What result_rows can select: a column of the item (its input line) or of its job.
@@ -198,6 +197,8 @@ class JobStore(BatchQueue):
     async def jobs_of(self, custom_ids: Sequence[str]) -> dict[str, list[tuple[int, int, str]]]:
         """The jobs (id, state, last error type or ``?``) of the items with these custom_ids,
         in every input file; an id no item has is left out."""
+        from .inputs import custom_id_hash  # here: `aiq status` reads without the line reader
+
         wanted = {custom_id_hash(c): c for c in custom_ids}
         found: dict[str, list[tuple[int, int, str]]] = {}
         hashes = list(wanted)
@@ -320,6 +321,8 @@ class JobStore(BatchQueue):
     async def items_named(self, custom_id: str) -> list[dict[str, Any]]:
         """Every input line named ``custom_id`` (one a file) with its job's row, in the order
         the files were added: the request as sent, the reply as stored, the job's record."""
+        from .inputs import custom_id_hash  # as in jobs_of
+
         found = []
         for source in await self.sources():  # through the (source_id, ck) index
             rows = await self._db.execute_fetchall(
@@ -382,10 +385,10 @@ class JobStore(BatchQueue):
 
 @contextlib.asynccontextmanager
 async def open_store(
-    path: str | os.PathLike[str], *, readonly: bool = False
+    path: str | os.PathLike[str], *, readonly: bool = False, blocking: bool = False
 ) -> AsyncIterator[JobStore]:
-    """The store at ``path``, closed on exit."""
-    store = await JobStore.open(path, readonly=readonly)
+    """The store at ``path``, closed on exit (``blocking``: see ``Database.open``)."""
+    store = await JobStore.open(path, readonly=readonly, blocking=blocking)
     try:
         with store.errors():  # a full disk mid-run: one `error:` line, not a traceback
             yield store

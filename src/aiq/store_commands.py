@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from .blocking import run as run_here
 from .config import Config
 from .database import require_store
 from .lock import StoreLock, run_state
@@ -36,9 +37,19 @@ async def export_outputs(
 async def store_status(config: Config) -> Stats:
     """``aiq status``: read-only, so it works while a run holds the store. Whether a run is
     active comes from the lock (never taken here); its rate, from the time it has sent for."""
+    return await _status(config, blocking=False)
+
+
+def store_status_now(config: Config) -> Stats:
+    """``store_status`` in the calling thread, without an event loop (aiq.blocking): the
+    CLI's, which then starts without asyncio and aiosqlite."""
+    return run_here(_status(config, blocking=True))
+
+
+async def _status(config: Config, *, blocking: bool) -> Stats:
     run = run_state(config.db)
     since = (run.sending_since or run.started_at) if run.active else None
-    async with open_store(config.db, readonly=True) as store:
+    async with open_store(config.db, readonly=True, blocking=blocking) as store:
         stats = await store.stats(since=since)
     return dataclasses.replace(stats, run=run, size_bytes=store_size(config.db))
 

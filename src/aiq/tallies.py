@@ -16,9 +16,7 @@ jobs done in the last minute, queued jobs not due yet, and the oldest queued job
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
-
-import aiosqlite
+from typing import TYPE_CHECKING, NamedTuple
 
 from .contract import TIERS, StateName
 from .records import (
@@ -35,6 +33,9 @@ from .records import (
 )
 from .stops import CONTENT_FILTER, TRUNCATED
 from .usage import TokenKinds
+
+if TYPE_CHECKING:
+    import aiosqlite  # `aiq status` reads over aiq.blocking, without it
 
 _STOPS = (TRUNCATED, CONTENT_FILTER)  # error types of a done job: how its reply stopped short
 UNFINISHED = QUEUED  # a tally's state for queued and running jobs both

@@ -182,25 +182,31 @@ def run(
     """Enqueue FILE (idempotent), work until nothing is due, write results and dead letters."""
 
     def body() -> None:
-        _check_wait(wait)
-        cfg = load_config(
-            db, config, provider=provider, base_url=base_url, model=model,
-            concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
-            timeout_s=timeout, order=order, strict=strict or None,
-            max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
-            max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
-            via=via, deadline=deadline,
-            priority=priority,
+        cfg = _send_config(
+            db, config, wait=wait, deadline=deadline, provider=provider, base_url=base_url,
+            model=model, concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
+            timeout_s=timeout, order=order, strict=strict or None, max_runtime_s=max_runtime,
+            max_outage_s=max_outage, metrics_file=metrics_file, max_cost_usd=max_cost,
+            on_truncated=on_truncated, reroute=reroute or None, via=via, priority=priority,
         )  # fmt: skip
-        _check_deadline(cfg, deadline)
         if dry_run:
             _dry_run(file, cfg, as_json)
         display = Display(quiet, as_json, log_file, _log_format(log_format))
-        if not (quiet or cfg.db.exists()):
-            display.new_store = cfg.db
+        display.new_store = None if quiet or cfg.db.exists() else cfg.db
         _run(file, cfg, out, dead, display, wait, detach)
 
     guard(traceback, body)
+
+
+def _send_config(
+    db: Path | None, config: Path | None, *, wait: float, deadline: str | None, **flags: Any
+) -> Config:
+    """The Config of ``run`` and ``resume``, the flags by Config's names: ``--wait`` checked
+    first, ``--deadline`` against the way of sending the config comes to."""
+    _check_wait(wait)
+    cfg = load_config(db, config, deadline=deadline, **flags)
+    _check_deadline(cfg, deadline)
+    return cfg
 
 
 def _check_deadline(cfg: Config, deadline: str | None) -> None:
@@ -261,15 +267,13 @@ def resume(
     """Carry on with what is queued or was running when a run stopped; export outputs."""
 
     def body() -> None:
-        _check_wait(wait)
-        cfg = load_config(
-            db, config, provider=provider, base_url=base_url, concurrency=concurrency,
-            rpm=rpm, tpm=tpm, max_attempts=max_attempts, timeout_s=timeout, order=order,
-            max_runtime_s=max_runtime, max_outage_s=max_outage, metrics_file=metrics_file,
-            max_cost_usd=max_cost, on_truncated=on_truncated, reroute=reroute or None,
-            via=via, deadline=deadline,
+        cfg = _send_config(
+            db, config, wait=wait, deadline=deadline, provider=provider, base_url=base_url,
+            concurrency=concurrency, rpm=rpm, tpm=tpm, max_attempts=max_attempts,
+            timeout_s=timeout, order=order, max_runtime_s=max_runtime, max_outage_s=max_outage,
+            metrics_file=metrics_file, max_cost_usd=max_cost, on_truncated=on_truncated,
+            reroute=reroute or None, via=via,
         )  # fmt: skip
-        _check_deadline(cfg, deadline)
         display = Display(quiet, as_json, log_file, _log_format(log_format))
         _run(None, cfg, out, dead, display, wait, detach)
 

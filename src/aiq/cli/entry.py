@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import signal
 import sys
 
+import typer
+
 # typer's own copy of click (typer >= 0.26, pinned in pyproject.toml): the errors it raises.
 from typer._click.exceptions import Abort, ClickException, NoArgsIsHelpError, NoSuchOption
+from typer.main import get_command_name
 
 from .app import app
 
@@ -26,7 +30,7 @@ def main() -> None:
     try:
         # Not standalone: a usage error comes back here, to be printed as aiq prints errors
         # (typer's own way is a rich box), and typer.Exit comes back as its exit code.
-        code = app(prog_name="aiq", standalone_mode=False)
+        code = app_for(sys.argv[1:])(prog_name="aiq", standalone_mode=False)
     except ClickException as exc:
         code = _usage_error(exc)
     except Abort:  # end of input at a prompt; aiq has none, but typer may raise it
@@ -42,6 +46,23 @@ def main() -> None:
             sys.stderr.flush()
             os._exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def app_for(args: list[str]) -> typer.Typer:
+    """``app`` with only the command ``args`` start with, if they name one. typer turns every
+    registered command into click's on each start (reading its signature, making each option):
+    ~14 ms for aiq's twelve, a tenth of `aiq status` (bench/README.md, "Start-up"). A
+    command's run, help and usage errors read nothing of the others; anything else (`aiq`,
+    `--version`, a mistyped command and its suggestion) gets the whole app."""
+    chosen = [
+        c for c in app.registered_commands
+        if args and c.callback and (c.name or get_command_name(c.callback.__name__)) == args[0]
+    ]  # fmt: skip
+    if not chosen:
+        return app
+    one = copy.copy(app)
+    one.registered_commands = chosen
+    return one
 
 
 _signalled = False

@@ -23,7 +23,7 @@ def status(
     def body() -> None:
         from .. import report, store_commands
 
-        stats = sync(store_commands.store_status(load_config(db, config)))
+        stats = store_commands.store_status_now(load_config(db, config))
         if as_json:
             print(json.dumps(stats.as_dict()))
         else:

@@ -36,7 +36,8 @@ from typing import Any
 
 import orjson
 
-from ..batch_records import Batch, BatchKey, Frame, Limits, Line, Polled
+from ..batch_records import Batch
+from ..batch_wire import BatchKey, Frame, Limits, Line, Polled
 from ..registry import ANTHROPIC_MAX_TOKENS
 from .anthropic_messages import to_messages_body
 from .batch_http import BatchHttp, json_object

@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..batch_records import Batch, BatchKey, Frame, Limits, Line, Polled
+from ..batch_records import Batch
+from ..batch_wire import BatchKey, Frame, Limits, Line, Polled
 from .base import Reply
 
 # One request as the batch's file holds it, from its job id, endpoint and body (JSON

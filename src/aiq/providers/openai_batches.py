@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from ..batch_records import JSONL, TERMINAL, Batch, BatchKey, Limits, Line, Polled
+from ..batch_records import TERMINAL, Batch
+from ..batch_wire import JSONL, BatchKey, Limits, Line, Polled
 from .batch_http import BatchHttp, json_object
 from .batches import Encode
 
