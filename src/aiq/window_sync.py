@@ -130,8 +130,29 @@ class WindowSync:
         predicted = (max(self._own_full_at, self._seen_full_at), self._refill)
         remaining = float(reported.remaining)
         window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
-        per_s = window_limit / WINDOW_S
         reset = reported.reset_s
+        own = self._take_window(remaining, reset, window_limit)
+        if self._bucket:
+            # (A 429's sample: its own request is in the model, not in the provider's count.)
+            learn = not refused
+            return self._sync_bucket(now, remaining, window_limit, predicted, learn) or rebook
+        # What is left may go at once where the provider says its window is short (then
+        # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
+        # longer one, it is a ceiling for the pace (a minute may be enforced per second).
+        # (A short window holds at most its seconds' share of the limit: more left than
+        # that, with a short reset, is a longer window's count, Groq's requests per day.)
+        short = reset is not None and reset < SHORT_WINDOW_S
+        short = short and remaining <= window_limit * SHORT_WINDOW_S / WINDOW_S + 1
+        self.burst = own and not self.burst_off and (reset is None or short)
+        # A hair after the reset, so a boundary's float rounding never counts it as before.
+        until = now + EPSILON_S
+        until += reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S
+        return self._sync_window(now, remaining, until, entry) or rebook
+
+    def _take_window(self, remaining: float, reset: float | None, window_limit: float) -> bool:
+        """What kind of window a sample shows: the limit's own (True) or a ceiling over it;
+        its refill, guard, whether a bucket. The last sample's cap is cleared."""
+        per_s = window_limit / WINDOW_S
         # A configured limit under the provider's is the user's own, the provider's window
         # (Groq's requests per day) a ceiling for it.
         own = window_limit <= self.per_minute * 1.05
@@ -150,22 +171,7 @@ class WindowSync:
         self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
-        if self._bucket:
-            # (A 429's sample: its own request is in the model, not in the provider's count.)
-            learn = not refused
-            return self._sync_bucket(now, remaining, window_limit, predicted, learn) or rebook
-        # What is left may go at once where the provider says its window is short (then
-        # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
-        # longer one, it is a ceiling for the pace (a minute may be enforced per second).
-        # (A short window holds at most its seconds' share of the limit: more left than
-        # that, with a short reset, is a longer window's count, Groq's requests per day.)
-        short = reset is not None and reset < SHORT_WINDOW_S
-        short = short and remaining <= window_limit * SHORT_WINDOW_S / WINDOW_S + 1
-        self.burst = own and not self.burst_off and (reset is None or short)
-        # A hair after the reset, so a boundary's float rounding never counts it as before.
-        until = now + EPSILON_S
-        until += reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S
-        return self._sync_window(now, remaining, until, entry) or rebook
+        return own
 
     def _shows_bucket(self, remaining: float, reset: float | None, limit: float) -> bool:
         """Whether a sample of the limit's own window is a minute's bucket's: what is left
