@@ -128,7 +128,8 @@ def inserts(path: Path, rows: int, variant: str) -> float:
     for b in range(rows // per):
         params: list[object] = [1.0]
         for i in range(b * per, (b + 1) * per):
-            params += [i * 7919 % (1 << 62), bytearray(32), "/v1/chat/completions", bytearray(200)]
+            k64 = i * 7919 % (1 << 62)
+            params += [k64, bytearray(32), "/v1/chat/completions", bytearray(200), 0]
         db.execute(jobs_sql(per), params)
         if variant == "statement":
             db.execute(
