@@ -125,8 +125,8 @@ class Feedback:
             else:
                 self._tokens = budget
             self.learned = True
-        elif budget.stated or stated.per_minute >= budget.per_minute:
-            return  # (followed already, or not the limit in force)
+        elif stated.per_minute >= budget.per_minute:
+            return  # (followed already, or not the limit that held the request back)
         budget.follow_stated(stated.per_minute, now)
         self._slots.wake_all()  # senders booked at the old pace book again
 
