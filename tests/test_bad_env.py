@@ -491,7 +491,7 @@ def test_a_signal_as_the_temporary_file_opens_leaves_none(
 
 def test_sigterm_mid_export_exits_130_and_keeps_the_old_files(tmp_path: Path) -> None:
     # SIGTERM (cron, systemd) used to kill an export outright, leaving its temporary file.
-    _done_store(tmp_path, 20_000)
+    _done_store(tmp_path, 5_000)  # an export of ~3 MB: 0.1 s or more of writing to land in
     results = tmp_path / "p.results.jsonl"
     before = results.read_bytes()
     for _ in range(5):  # the signal must land while the file is being written: retry if not
