@@ -103,6 +103,9 @@ def _run_restricted(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 _ADD = ["add", "in.jsonl", "--model", "m"]
 _RUN = ["run", "in.jsonl", "--provider", "simulated", "--model", "m"]
 _RESUME = ["resume", "--provider", "simulated"]
+# The simulated provider without its demo's latency (0.5 s a call) and transient errors (5%,
+# each a backoff of up to a second): where a test's point is the store, not the provider.
+_INSTANT = "simulated_latency_s: 0\nsimulated_error_rate: 0\n"
 
 
 @pytest.mark.parametrize("args", [_ADD, _RUN], ids=["add", "run"])
@@ -120,6 +123,7 @@ def test_store_in_a_read_only_directory(tmp_path: Path, args: list[str]) -> None
 
 
 def test_existing_store_made_read_only_keeps_its_jobs(tmp_path: Path) -> None:
+    (tmp_path / "aiq.yaml").write_text(_INSTANT)
     # A dead job, so that replay-dead has something to write.
     write_prompts(tmp_path / "dead.jsonl", [("d", "FAIL_PERMANENT")])
     ran = run_aiq("run", "dead.jsonl", "--provider", "simulated", "-q", cwd=tmp_path)
@@ -245,8 +249,9 @@ def test_store_damaged_past_its_schema_is_reported_and_left_alone(tmp_path: Path
     with db.open("r+b") as f:
         f.seek(-10 * 4096, os.SEEK_END)
         f.write(b"\xa5" * 10 * 4096)
-    # A fixed 32 in flight: the run reaches the damaged pages within seconds, where auto
-    # would first find the simulated provider's capacity, one request at a time at first.
+    # A fixed 32 in flight and no latency: the run reaches the damaged pages at once, where
+    # auto would first find the simulated provider's capacity, one request at a time at first.
+    (tmp_path / "aiq.yaml").write_text(_INSTANT)
     for args in (_RUN, _RESUME):
         proc = run_aiq(*args, "--concurrency", "32", cwd=tmp_path)
         _one_error(proc, ".aiq/aiq.db: ", "the store is damaged")
@@ -410,14 +415,17 @@ def test_a_metrics_file_that_fails_mid_run_stops_it_cleanly_and_resume_finishes(
     tmp_path: Path,
 ) -> None:
     """The run stops with one error line, in-flight requests recorded, none left running."""
-    prompts = [(f"m{i}", f"metrics prompt {i}") for i in range(600)]
+    # 4 in flight at 50 ms a reply: at most 80/s, so 480 lines outlast the 5 s write by a
+    # second even at full speed, and resume, at 16 in flight, finishes the rest in moments.
+    prompts = [(f"m{i}", f"metrics prompt {i}") for i in range(480)]
     write_prompts(tmp_path / "m.jsonl", prompts)
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     with FakeServer(latency_s=0.05) as server:
-        args = ["--base-url", server.base_url, "--concurrency", "4"]
-        proc = start_aiq("run", "m.jsonl", "--model", "m", *args, "--metrics-file",
-                         metrics_dir / "aiq.prom", cwd=tmp_path, capture=True)  # fmt: skip
+        args = ["--base-url", server.base_url]
+        proc = start_aiq("run", "m.jsonl", "--model", "m", *args, "--concurrency", "4",
+                         "--metrics-file", metrics_dir / "aiq.prom", cwd=tmp_path,
+                         capture=True)  # fmt: skip
         time.sleep(1.5)  # the first write has happened; the next is due at 5 s
         shutil.rmtree(metrics_dir)
         metrics_dir.write_text("a file where the directory was")  # no directory can be made
@@ -427,7 +435,7 @@ def test_a_metrics_file_that_fails_mid_run_stops_it_cleanly_and_resume_finishes(
         status = json.loads(run_aiq("status", "--json", cwd=tmp_path).stdout)
         assert status["counts"]["running"] == 0  # drained: nothing left claimed
         assert 0 < status["counts"]["done"] < len(prompts)
-        done = run_aiq("resume", *args, cwd=tmp_path)
+        done = run_aiq("resume", *args, "--concurrency", "16", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     results = read_jsonl(tmp_path / "m.results.jsonl")
     assert sorted(r["custom_id"] for r in results) == sorted(c for c, _ in prompts)
@@ -438,9 +446,7 @@ def test_a_metrics_file_that_fails_mid_run_stops_it_cleanly_and_resume_finishes(
 def _done_store(tmp_path: Path, n: int) -> None:
     """``n`` done jobs from p.jsonl, run on the simulated provider (no latency, no faults)."""
     write_prompts(tmp_path / "p.jsonl", _prompts(n))
-    (tmp_path / "aiq.yaml").write_text(
-        "provider: simulated\nsimulated_latency_s: 0\nsimulated_error_rate: 0\n"
-    )
+    (tmp_path / "aiq.yaml").write_text("provider: simulated\n" + _INSTANT)
     proc = run_aiq("run", "p.jsonl", "--concurrency", "64", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -485,7 +491,7 @@ def test_a_signal_as_the_temporary_file_opens_leaves_none(
 
 def test_sigterm_mid_export_exits_130_and_keeps_the_old_files(tmp_path: Path) -> None:
     # SIGTERM (cron, systemd) used to kill an export outright, leaving its temporary file.
-    _done_store(tmp_path, 20_000)
+    _done_store(tmp_path, 5_000)  # an export of ~3 MB: 0.1 s or more of writing to land in
     results = tmp_path / "p.results.jsonl"
     before = results.read_bytes()
     for _ in range(5):  # the signal must land while the file is being written: retry if not

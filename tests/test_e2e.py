@@ -110,6 +110,7 @@ def test_sigint_drains_then_resume_finishes_without_resending(tmp_path: Path) ->
         assert status["counts"]["running"] == 0  # drained: nothing left mid-flight
         assert status["counts"]["done"] == sent_before
 
+        server.latency_s = 0.005  # the rest quickly: what is sent again is the point
         resumed = run_aiq("resume", "--base-url", server.base_url, cwd=tmp_path)
         assert resumed.returncode == 0, resumed.stderr
 

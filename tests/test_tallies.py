@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from conftest import run_aiq, start_aiq, undo_tallies, write_prompts
 from fakeserver import FakeServer
 from hypothesis import given, settings
@@ -180,6 +181,7 @@ async def _prune(store: JobStore, source: Source, rng: random.Random, now: float
     )
 
 
+@pytest.mark.slow  # 30 stores, each through up to 25 operations: 4-5 s
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), ops=st.lists(st.sampled_from(OPS), max_size=25))
 def test_kept_counts_equal_a_scan_after_any_sequence_of_operations(
@@ -273,6 +275,7 @@ def test_a_store_from_before_the_tallies_is_counted_when_upgraded(tmp_path: Path
     assert kept == plain and 0 < plain < before["counts"]["done"]
 
 
+@pytest.mark.slow  # real aiq runs, killed
 def test_kept_counts_equal_a_scan_after_kill_9_and_resume(tmp_path: Path) -> None:
     prompts = [(f"c{i}", f"crash prompt {i}" + " CUT_OFF" * (i % 7 == 0)) for i in range(300)]
     write_prompts(tmp_path / "k.jsonl", prompts)
