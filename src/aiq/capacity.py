@@ -8,22 +8,25 @@ Sending 32 at once to the first multiplies its latency by 32 for nothing (and ti
 waiting in its queue); sending 32 to the second leaves most of it idle.
 
 The probe works in rounds, as BBR does for TCP. A round holds a limit for a round trip's worth
-of replies and measures the throughput X (replies a second) and latency R they had. The most
-the server takes without a queue is estimated as max X x min R over the last rounds (the
+of replies and measures the throughput X and latency R they had, X by Little's law (the limit
+over the mean latency: replies counted over a window come back in bunches). The most the
+server takes without a queue is estimated as max X x min R over the last rounds (the
 bandwidth-delay product; in a round with free slots, X x R is what was in flight).
 
 Startup raises the limit each round trip while throughput grows with it, and ends when it does
-not: then the limit falls to the estimate. A startup round is one round trip: the replies to
-requests sent since the limit changed, as many as the limit (one at one), their throughput
-taken by Little's law (mean in flight over mean latency), so no settling and no clock window.
-It grew if throughput rose by half the limit's step or more. Below eight, the limit grows by one
-(1, 2, 3 ... 8), above by doubling: a server of up to eight slots is offered one request more
-than it serves, never twice as many (a four-slot server was sent eight, a one-slot llama.cpp
-server 32 under an older auto), and a large gateway is reached in a few more round trips than
-doubling from one takes. Saying it grew takes one round trip (a false yes costs a step, undone
-at the end); saying it did not takes _FLAT_REPLIES replies and two such rounds in a row, as one
-noisy round ending it at a small limit left a 1,000-slot server at a tenth of that for minutes
-(bench/README "Concurrency").
+not: then the limit falls to the estimate. A startup round is the replies to requests sent
+since the limit changed, as many as the limit (one at one), so no settling and no clock
+window, judged against a bar: the throughput of the last limit that grew at the pooled
+latency of every reply in rounds that grew, raised by three quarters of the step. The steps
+are 1, 2, 3, 5, 9, 17 ... (the step starts at one and doubles): a server of up to four slots
+is offered one request more than it serves (two at three), never twice as many (a four-slot
+server was sent eight, a one-slot llama.cpp server 32 under an older auto), and a large
+gateway is reached in one round trip more than doubling from one takes. A yes must clear the
+bar by two standard errors (the spread of latency times root(1/replies + 1/replies in the
+bar)): at once at a server of steady latency, later at a noisy one. A no takes six replies
+(at the limit), a bar of twelve when latency varies (else startup goes back to the last limit
+that grew for more) and two such rounds in a row: one noisy round ending it at a small limit
+left a 1,000-slot server at a tenth of that for minutes (bench/README "Concurrency").
 
 From then on, one round in each cycle probes a quarter (at least one) above the estimate, so
 capacity gained is found (a probe that finds room probes again), and the next drains a little
@@ -51,7 +54,7 @@ _FLAT_REPLIES = 6  # startup: replies at one limit before it may be called flat
 # later at a noisy one; after _MOST times the replies a "no" takes, the bar alone decides.
 _DOUBT = 2
 _MOST = 3
-_BUNCH = 0.1  # replies within this share of a latency of each other come back together
+_BUNCH = 0.1  # replies within this share of a latency of each other came back together
 _NOISE = 0.2  # the spread of latency guessed before three replies show it
 _BASE_REPLIES = 12  # startup: replies in the bar before a round may be called flat...
 _STEADY = 0.05  # ...unless their latencies vary by less than this (one in twenty)
