@@ -326,9 +326,7 @@ CASES["e-anthropic"] = replace(CASES["e-anthropic"], provider="anthropic")
 # Under target on main after d0295f8 (the limiter's short windows and calendar minutes):
 # strict, so each turns into a failure, to be unmarked, once the limiter meets it. The figures
 # are from `pytest -n 3` runs of this file.
-UNDER_TARGET: dict[tuple[str, str], str] = {
-    ("f-four-slots", "learned"): "auto ramps from one: 21 of 40 in 2.9 s (0.70)",
-}
+UNDER_TARGET: dict[tuple[str, str], str] = {}
 
 # Under target in some runs only, so not strict (an unexpected pass would be a flaky failure):
 # to be unmarked, not flipped, once the limiter is fixed.

@@ -8,16 +8,31 @@ Sending 32 at once to the first multiplies its latency by 32 for nothing (and ti
 waiting in its queue); sending 32 to the second leaves most of it idle.
 
 The probe works in rounds, as BBR does for TCP. A round holds a limit for a round trip's worth
-of replies and measures the throughput X (replies a second) and latency R they had. The most
-the server takes without a queue is estimated as max X x min R over the last rounds (the
-bandwidth-delay product; in a round with free slots, X x R is what was in flight). Startup
-doubles the limit each round while throughput grows by a quarter or more; two rounds in a row
-that grow less end it (one may be noise), and the limit falls to the estimate. From then on,
-one round in each cycle probes a quarter (at least one) above the estimate, so capacity gained
-is found (a probe that finds room probes again), and the next drains a little below it, so the
-queue the probe built empties and min R stays the latency without a queue. A server losing
-capacity shows as rounds of lower X that replace the old ones in the window. A 429 (a
-gateway's parallel limit) cuts the limit at once.
+of replies and measures the throughput X and latency R they had, X by Little's law (the limit
+over the mean latency: replies counted over a window come back in bunches). The most the
+server takes without a queue is estimated as max X x min R over the last rounds (the
+bandwidth-delay product; in a round with free slots, X x R is what was in flight).
+
+Startup raises the limit each round trip while throughput grows with it, and ends when it does
+not: then the limit falls to the estimate. A startup round is the replies to requests sent
+since the limit changed, as many as the limit (one at one), so no settling and no clock
+window, judged against a bar: the throughput of the last limit that grew at the pooled
+latency of every reply in rounds that grew, raised by three quarters of the step. The steps
+are 1, 2, 3, 5, 9, 17 ... (the step starts at one and doubles): a server of up to four slots
+is offered one request more than it serves (two at three), never twice as many (a four-slot
+server was sent eight, a one-slot llama.cpp server 32 under an older auto), and a large
+gateway is reached in one round trip more than doubling from one takes. A yes must clear the
+bar by two standard errors (the spread of latency times root(1/replies + 1/replies in the
+bar)): at once at a server of steady latency, later at a noisy one. A no takes six replies
+(at the limit), a bar of twelve when latency varies (else startup goes back to the last limit
+that grew for more) and two such rounds in a row: one noisy round ending it at a small limit
+left a 1,000-slot server at a tenth of that for minutes (bench/README "Concurrency").
+
+From then on, one round in each cycle probes a quarter (at least one) above the estimate, so
+capacity gained is found (a probe that finds room probes again), and the next drains a little
+below it, so the queue the probe built empties and min R stays the latency without a queue. A
+server losing capacity shows as rounds of lower X that replace the old ones in the window. A
+429 (a gateway's parallel limit) cuts the limit at once.
 
 Time comes from an injected clock, so the tests drive it with a simulated server, no sleeping.
 """
@@ -29,12 +44,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-_GROWTH = 1.25  # throughput up by this much in a round of double the limit: the server had room
+# Startup: a round grew if throughput rose by this share of the limit's step or more. Three
+# quarters: from 3 to 5 at a four-slot server, throughput rises by half the step, and calling
+# that growth would send nine.
+_GAIN_SHARE = 0.75
+_FLAT_REPLIES = 6  # startup: replies at one limit before it may be called flat
+# Startup decides once the difference from the bar is this many standard errors (the spread of
+# latency times root(1/replies + 1/replies in the bar)), at once at a server of steady latency,
+# later at a noisy one; after _MOST times the replies a "no" takes, the bar alone decides.
+_DOUBT = 2
+_MOST = 3
+_BUNCH = 0.1  # replies within this share of a latency of each other came back together
+_NOISE = 0.2  # the spread of latency guessed before three replies show it
+_BASE_REPLIES = 12  # startup: replies in the bar before a round may be called flat...
+_STEADY = 0.05  # ...unless their latencies vary by less than this (one in twenty)
 _WINDOW = 8  # rounds the estimate is taken over
 _MIN_REPLIES = 6  # replies a round takes at least: fewer are mostly noise at a small limit
-# ...in startup: a false "it grew" costs one doubling, undone a round later; six replies a
-# round at one in flight were most of a large server's ramp (19 s of 70 at 3 s latency).
-_MIN_REPLIES_STARTUP = 3
 # Startup ends after this many rounds in a row that did not grow: one noisy round ending it
 # at a small limit left a 1,000-slot server at a tenth of that for minutes (bench/README
 # "Concurrency").
@@ -65,9 +90,17 @@ class CapacityProbe:
         self._clock = clock
         self._startup = True
         self._flat = 0  # startup: rounds in a row that did not grow
-        self._best_x = 0.0  # startup: the highest throughput so far
+        self._best_limit = 0  # startup: the limit of the last round that grew
+        self._base_sum = 0.0  # startup: latencies of the rounds that grew, pooled
+        self._base_sq = 0.0
+        self._base_count = 0
         self._rounds: deque[tuple[float, float]] = deque(maxlen=_WINDOW)  # (X, R)
         self._phase = 0
+        self._pool_before = False  # startup: replies sent before the round are at a limit that grew
+        self._flat_x = 0.0  # startup: the throughput of the last round that did not grow
+        self._prev_reply_at = self._last_reply_at = -math.inf  # startup
+        self._rebase = 0  # startup: replies wanted back at the last limit that grew
+        self._retry = 1  # ...and the limit to try again after them
         self._cut = False  # the limit was last set by a cut
         self._begin(clock())
 
@@ -78,7 +111,9 @@ class CapacityProbe:
         self._settled = _SETTLE
         self._replies = 0
         self._latency_sum = 0.0
+        self._latency_sq = 0.0  # (startup: for the spread of latencies)
         self._in_flight_sum = 0
+        self._most_in_flight = 0  # (startup)
         self._refused = 0  # 429s this round
         self._answered = 0  # replies this round, settling ones too
 
@@ -87,6 +122,8 @@ class CapacityProbe:
         if that changed the limit."""
         now = self._clock()
         self._answered += 1
+        if self._startup:
+            return self._startup_observe(latency_s, in_flight, now)
         if self._measure_at is None:
             # Replies to requests sent before the round began show the old limit, not this one;
             # and the first round trip after a change still drains or fills the server's queue.
@@ -100,17 +137,19 @@ class CapacityProbe:
             return False
         self._replies += 1
         self._latency_sum += latency_s
+        self._latency_sq += latency_s * latency_s
         self._in_flight_sum += in_flight
         took_s = now - self._measure_at
         latency = self._latency_sum / self._replies
         # At least a round trip of replies: with a fixed latency they come back in bunches.
-        least = _MIN_REPLIES_STARTUP if self._startup else _MIN_REPLIES
-        if self._replies < max(least, self.limit) or took_s < latency:
+        if self._replies < max(_MIN_REPLIES, self.limit) or took_s < latency:
             return False
         if self._in_flight_sum / self._replies < _BUSY * self.limit:
             self._begin(now)  # too few jobs to keep the limit busy: no news of the server
             return False
-        return self._decide(self._replies / took_s, latency, now)
+        # Throughput by Little's law, the limit over the mean latency: replies counted over a
+        # window come back in bunches, and a window that ends on one overstated it by half.
+        return self._decide(self.limit / latency, latency, now)
 
     def cut(self, in_flight: int) -> bool:
         """The server refused a request (a 429 with no rate-limit headers). When refusals are a
@@ -128,24 +167,133 @@ class CapacityProbe:
         self._cut = True
         return changed
 
+    def _startup_observe(self, latency_s: float, in_flight: int, now: float) -> bool:
+        """Startup: a round trip at the limit, and more while the replies leave it in doubt;
+        then the next step, or (two rounds that did not grow) the end."""
+        self._prev_reply_at, self._last_reply_at = self._last_reply_at, now
+        if now - latency_s < self._round_at:
+            # Sent at the old limit: no news of this one. If that one grew, the server took it
+            # without a queue, and (first come, first served) the requests sent since do not
+            # delay this one: its latency is one more sample of the latency without a queue.
+            if self._pool_before:
+                self._pool(latency_s, latency_s * latency_s, 1)
+            return False
+        self._replies += 1
+        self._latency_sum += latency_s
+        self._latency_sq += latency_s * latency_s
+        self._most_in_flight = max(self._most_in_flight, in_flight)
+        if self._replies < max(self.limit, self._rebase):
+            return False
+        # (The most, not the mean: of replies that come back together, each sees fewer out,
+        # the next requests not yet sent.)
+        if self._most_in_flight < _BUSY * self.limit:
+            self._begin(now)  # too few jobs to keep the limit busy: no news of the server
+            self._pool_before = False
+            return False
+        if self._rebase:  # back at the last limit that grew, for the latency without a queue
+            self._pool(self._latency_sum, self._latency_sq, self._replies)
+            self._rebase, self._pool_before = 0, True
+            return self._set(self._retry, now)
+        latency = self._latency_sum / self._replies
+        x = self.limit / max(latency, 1e-9)  # Little's law: in flight over latency
+        if not self._best_limit:  # the first round: nothing to compare with
+            return self._grow(x, latency, now)
+        bar = self._bar(self.limit)
+        # The noise of comparing this round's mean latency with the bar's.
+        doubt = _DOUBT * self._spread() * math.sqrt(1 / self._replies + 1 / self._base_count)
+        if x >= bar * (1.0 + doubt) and self.limit < self._ceiling:
+            return self._grow(x, latency, now)
+        enough = max(_FLAT_REPLIES, self.limit)
+        if self._replies < enough:
+            return False
+        if self._replies >= _MOST * enough:  # in doubt still: the bar decides
+            if x >= bar and self.limit < self._ceiling:
+                return self._grow(x, latency, now)
+        elif x >= bar * (1.0 - doubt):  # in doubt
+            return False
+        if self._base_count < _BASE_REPLIES and self._spread() > _STEADY:
+            # Too few replies in the bar to call it flat, at a server whose latency varies
+            # (two short ones by chance made a 64-slot server look full at three): back to
+            # the last limit that grew for more, then this one afresh.
+            self._retry, self._rebase = self.limit, _BASE_REPLIES - self._base_count
+            self._pool_before = False  # (those sent at this limit may have queued)
+            return self._set(self._best_limit, now)
+        self._flat_x = x  # (the last: by then, the queue a rise built shows in the latency)
+        self._flat += 1
+        if self._flat < _FLAT_ROUNDS:  # a round's noise, maybe: the same limit again
+            self._begin(now)
+            self._pool_before = False  # (those sent at this limit may have queued)
+            return False
+        self._startup = False
+        # What the server took without a queue: the most throughput seen, at the latency of
+        # the rounds that grew (pooled: the least of their means is a lucky short one), and
+        # less than the limit that gained nothing. Of the rounds that did not grow, only the
+        # last: Little's law overstates throughput in the round trip after a rise, before
+        # the queue it built shows in the latency.
+        base = self._base_sum / self._base_count
+        most_x = max(self._flat_x, *(r[0] for r in self._rounds))
+        estimate = min(most_x * base, self.limit - 1.0)
+        # The cycle measures throughput over time; startup's short rounds would stand over
+        # its own as the best for eight rounds (no probe would find room). What it keeps is
+        # the latency without a queue, which its rounds, draining the queue a rise left,
+        # may not see for a while.
+        self._rounds.clear()
+        self._rounds.append((0.0, base))
+        return self._set(max(1, round(estimate)), now, estimate)
+
+    def _pool(self, latency_sum: float, latency_sq: float, replies: int) -> None:
+        """Latencies without a queue, for the bar."""
+        self._base_sum += latency_sum
+        self._base_sq += latency_sq
+        self._base_count += replies
+
+    def _bar(self, limit: int) -> float:
+        """The throughput a round at ``limit`` must reach to have grown: that of the last limit
+        that grew, at the latency of every reply in rounds that grew (no queue then: pooled,
+        one lucky round does not set it), raised by _GAIN_SHARE of the step."""
+        best_x = self._best_limit * self._base_count / self._base_sum
+        return best_x * (1.0 + _GAIN_SHARE * (limit / self._best_limit - 1.0))
+
+    def _grow(self, x: float, latency: float, now: float) -> bool:
+        """Startup: the limit grew; the next step."""
+        self._rounds.append((x, latency))
+        self._pool(self._latency_sum, self._latency_sq, self._replies)
+        self._best_limit, self._flat, self._pool_before = self.limit, 0, True
+        # The step starts at one and doubles (1, 2, 3, 5, 9, 17 ...): a server of up to four
+        # slots is offered one more than it serves, not twice as many; a large one is
+        # reached in one round trip more.
+        changed = self._set(max(2, 2 * self.limit - 1), now)
+        if now - self._prev_reply_at < _BUNCH * latency:
+            # The reply before this one came back with it, and the request sent for it went
+            # out as the limit changed: it counts for the new one (else, at three, a round
+            # trip more).
+            self._round_at = self._prev_reply_at
+        return changed
+
+    def _spread(self) -> float:
+        """The coefficient of variation of latency without a queue: of the bar's replies, or
+        before there are three, of those and this round's (a guess before there are three)."""
+        n, total, square = self._base_count, self._base_sum, self._base_sq
+        if n < 3:
+            n, total, square = (
+                n + self._replies,
+                total + self._latency_sum,
+                square + self._latency_sq,
+            )
+        if n < 3:
+            return _NOISE
+        mean = total / n
+        return math.sqrt(max(0.0, square / n - mean * mean)) / mean
+
     def _decide(self, x: float, latency: float, now: float) -> bool:
         best_before = max((r[0] for r in self._rounds), default=0.0)
         self._rounds.append((x, latency))
         estimate = max(r[0] for r in self._rounds) * min(r[1] for r in self._rounds)
-        if self._startup:
-            if x >= _GROWTH * self._best_x:
-                self._best_x, self._flat = x, 0
-                return self._set(2 * self.limit, now)
-            self._flat += 1
-            if self._flat < _FLAT_ROUNDS:  # a round's noise, maybe: the same limit again
-                self._begin(now)
-                return False
-            self._startup = False
-            return self._set(max(1, round(estimate)), now, estimate)
         gain = _CYCLE[self._phase]
         probed = self._phase == 1  # (the round just measured was the probe's)
         self._phase = (self._phase + 1) % len(_CYCLE)
-        if probed and x >= _ROOM * best_before:
+        roomy = probed and x >= _ROOM * best_before
+        if roomy:
             gain, self._phase = _CYCLE[0], 1  # the probe found room: probe again, not drain
         base = max(1, round(estimate))
         if gain > 1:
