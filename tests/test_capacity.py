@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from aiq.capacity import CapacityProbe
@@ -206,10 +206,14 @@ def test_a_server_of_a_few_slots_is_sent_one_more_at_most(slots: int, latency_s:
 
 @settings(max_examples=20, deadline=None)
 @given(slots=st.integers(5, 300), latency_s=st.floats(0.05, 5.0))
+@example(slots=221, latency_s=1.0)  # the edge: 257 read as grown, then 513
 def test_a_larger_server_is_found_within_a_step(slots: int, latency_s: float) -> None:
     # Above four the step doubles, and a round grew if throughput rose by three quarters of
-    # it: the limit that grew last is under the server's size by less than a step, so the
-    # next is at most 2.3 times the size. The probe settles near it.
+    # it. A limit L = 2p over a server of s slots (L <= 2s) queues L - s for a second
+    # service time: Little's law reads L^2 / (2L - s), which clears p + 0.75 p while
+    # p <= 7s/12. So the last limit that grew is at most 7/6 of the size, and the next at
+    # most 7/3 of it (221 slots went to 513, 2.32x: a 2.3 bound failed a CI run). The probe
+    # settles near the size.
     run, _ = simulate(slots, _fixed(latency_s), 40 * slots)
-    assert run.most_in_flight <= 2.3 * slots + 2
+    assert run.most_in_flight <= 7 / 3 * slots + 2
     assert 0.8 * slots <= statistics.median(run.settled()) <= 1.3 * slots + 1
