@@ -116,8 +116,12 @@ def test_jobs_not_in_their_files_yet_are_never_pruned(ran: Path, server: FakeSer
         conn.execute(
             "UPDATE jobs SET finished_at = ? WHERE k64 = "
             "(SELECT job_k64 FROM items WHERE custom_id = 'p3')",
-            (at + 0.5,),
+            (at + 0.001,),
         )
+    # It must also be old enough for `0s`: a fast run, export and prune can all fall inside
+    # a delay larger than this (a CI run's prune came 0.5 s after the export began).
+    while time.time() <= at + 0.01:
+        time.sleep(0.01)
     proc = run_aiq("prune", "--done-older-than", "0s", cwd=ran)
     assert proc.stdout.startswith(f"pruned {_N - 1} done jobs"), proc.stdout
     assert "left 1 job old enough but not in their output files yet" in proc.stdout
