@@ -489,6 +489,36 @@ def test_a_signal_as_the_temporary_file_opens_leaves_none(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_real_sigterm_while_the_temporary_file_opens_leaves_none_and_no_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real signal, sent to this process as the file is made: it is held until the file
+    # and its handle both exist, then handled inside __enter__, which removes both. (Between
+    # the two, no __exit__ would have run: a CI run under load kept a .tmp- file that way.)
+    real_open = os.open
+
+    def signalled(path: str, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, *args, **kwargs)
+        if ".tmp-" in path:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return fd
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(130)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+        monkeypatch.setattr(os, "open", signalled)
+        with pytest.raises(SystemExit), AtomicFile(str(tmp_path / "p.results.jsonl")):
+            raise AssertionError("the signal comes out of __enter__, not the body")
+        monkeypatch.undo()
+        assert len(os.listdir("/proc/self/fd")) == fds
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sigterm_mid_export_exits_130_and_keeps_the_old_files(tmp_path: Path) -> None:
     # SIGTERM (cron, systemd) used to kill an export outright, leaving its temporary file.
     _done_store(tmp_path, 5_000)  # an export of ~3 MB: 0.1 s or more of writing to land in

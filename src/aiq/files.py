@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TextIO
 
@@ -37,19 +39,16 @@ class AtomicFile:
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             _remove_orphans(self.path)
-            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
-        except OSError as exc:
-            raise cannot_write(self.path, exc) from exc
-        except BaseException:  # SIGTERM handled as os.open returns: the file, but no fd yet
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp)
-            raise
-        try:
-            self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
-        except BaseException:  # SIGTERM (SystemExit) can land right here, before __exit__
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(self.tmp)
+            # The file and its handle as one step: SIGTERM (SystemExit) landing between them
+            # would leave a file no __exit__ removes. A signal held here is handled as the
+            # mask is lifted, inside this try, which then removes what was made.
+            with _signals_held():
+                fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
+                self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
+        except BaseException as exc:
+            self._discard()
+            if isinstance(exc, OSError):
+                raise cannot_write(self.path, exc) from exc
             raise
         return self._f
 
@@ -74,10 +73,21 @@ class AtomicFile:
             raise cannot_write(self.path, failed) from failed
 
     def _discard(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, AttributeError):  # AttributeError: never opened
             self._f.close()  # a no-op unless the close above failed before closing
         with contextlib.suppress(OSError):
             os.unlink(self.tmp)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (in this thread) for the block, then handled."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # runs a held signal's handler
 
 
 def _remove_orphans(path: str) -> None:
