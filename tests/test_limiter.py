@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import random
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from fakes import FakeClock, SharedClock
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from aiq.booking_log import RECENT_S
 from aiq.budget import BUCKET_SKEW_S, CALENDAR_MARGIN_S
 from aiq.limiter import HEADROOM, WINDOW_S, Budget, RateLimiter, RequestTooLarge
 from aiq.limiters import Limiters
@@ -439,6 +441,7 @@ def run_against(
             ok = provider.admit(now)
             lim.observe(unlimited_info(requests=provider.sample(now)), ticket)
             if ok:
+                lim.settle(ticket, 0)  # (as the worker does: answered, the provider has it)
                 sent.append(now)
                 continue
             refused += 1
@@ -635,6 +638,7 @@ def test_what_was_booked_after_the_request_a_reply_answers_is_not_counted_twice(
     async def go() -> list[float]:
         first = await lim.acquire()
         lim.observe(unlimited_info(requests=Window(1200, 19, 0.05)), first)
+        lim.settle(first, 0)
         tickets = [await lim.acquire() for _ in range(15)]
         # The first request's reply comes now, said 20 left before the 15 arrived.
         lim.observe(unlimited_info(requests=Window(1200, 20, 0.9)), tickets[0])
@@ -968,3 +972,102 @@ def test_a_per_minute_limit_a_429_names_is_paced_to_from_then(shown: bool) -> No
     assert all(t < first + 0.5 for t in refused), [round(t - 1000, 2) for t in refused]
     assert lim.limits.rpm == 300
     assert sent[-1] - 1000.0 < 100 / (300 * HEADROOM / 60) + 1.0  # paced from the bucket's end
+
+
+# (Learned, seeds 0, 6 and 12 refused 13, 14 and 21 before; told, the opening grows by round
+# trips and none of 20 seeds did on this model, though the bench's told rows did.)
+@pytest.mark.parametrize(("told", "seed"), [(False, 0), (False, 6), (False, 12), (True, 0)])
+def test_requests_still_on_their_way_when_a_later_ones_reply_comes_are_not_sent_over(
+    told: bool, seed: int
+) -> None:
+    """20,000/min enforced per second (a bucket of 333 refilled at 333/s, OpenAI's headers)
+    and 400 senders. Each sender's first request goes on a new connection, which reaches the
+    server up to 0.15 s after it was sent; later ones arrive at once; replies come 50 ms after
+    arrival, their headers written then. So the first replies are from requests that arrived
+    early, sent after ones still on their way: what the bucket says is left does not count
+    those, though they were sent before. No more goes than it holds (booked-after alone let
+    8-16% of 1,000 calls be refused in 3 of 11 bench runs: bench/README, session 12)."""
+    clock = SharedClock(1000.0)
+    kw: dict[str, Any] = {"rpm": 20_000} if told else {}
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: clock.now, **kw)
+    bucket = SimBucket(20_000, 333, clock.now)
+    rng = random.Random(seed)
+    done: list[float] = []
+    refused = 0
+
+    async def sender() -> None:
+        nonlocal refused
+        connected = False
+        while len(done) < 1000:
+            ticket = await lim.acquire()
+            if len(done) >= 1000:
+                lim.refund(ticket)
+                return
+            await clock.sleep(0.001 if connected else rng.uniform(0.001, 0.15))
+            connected = True
+            ok = bucket.admit(clock.now)
+            sample = bucket.sample(clock.now)
+            await clock.sleep(0.05)
+            lim.observe(unlimited_info(requests=sample), ticket, refused=not ok)
+            if ok:
+                lim.settle(ticket, 0)
+                done.append(clock.now)
+                continue
+            refused += 1
+            lim.refund(ticket)
+            lim.rate_limited(None, ticket=ticket)
+
+    async def go() -> None:
+        if not told:  # one round trip first, as auto's opening does: the limit is learned
+            ticket = await lim.acquire()
+            assert bucket.admit(clock.now)
+            lim.observe(unlimited_info(requests=bucket.sample(clock.now)), ticket)
+            lim.settle(ticket, 0)
+            done.append(clock.now)
+        await clock.run([asyncio.ensure_future(sender()) for _ in range(400)])
+
+    asyncio.run(go())
+    assert refused <= 5, refused  # 0.5% of the calls
+    # And the bucket still used: its 333, then 333/s (the least: 2.0 s, then the last reply).
+    assert max(done) - 1000.0 <= 2.0 / HEADROOM + 0.5, max(done) - 1000.0
+
+
+@pytest.mark.slow
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["book", "close", "forget", "settle", "drop", "tick"]),
+            st.floats(0, 90),
+            st.floats(0, 50),
+        ),
+        max_size=80,
+    )
+)
+# Taken back and booked again earlier: the taken-back one must not hold the new one in.
+@example(ops=[("book", 0, 1), ("book", 90, 1), ("drop", 0, 0), ("book", 0, 1), ("tick", 90, 0)])
+def test_what_is_open_of_the_last_second_is_kept_as_the_walk_would_find_it(
+    ops: list[tuple[str, float, float]],
+) -> None:
+    """``BookingLog.open_recent`` is kept up as bookings come, are answered, settled, given
+    back or taken back: it always equals the sum of the bookings of the last second (or
+    ahead, up to a few seconds) not answered yet, whatever the order of events."""
+    budget = Budget(1e9)
+    now, last_at, entries = 1000.0, 1000.0, []
+    for op, x, cost in ops:
+        if op == "book":
+            last_at = max(last_at, now) + x / 20 * (x > 45)  # now, or a little ahead
+            entries.append(budget.book(last_at, cost))
+        elif op == "tick":
+            now += x / 60
+        elif op == "drop":
+            budget.drop_ahead(now)
+            last_at = max([e.at for e in budget._log], default=last_at)
+        elif entries:
+            entry = entries[int(x) % len(entries)]
+            if op == "close":
+                budget.close(entry)
+            elif entry.cost:  # (one taken back is no booking)
+                budget.forget(entry) if op == "forget" else budget.settle(entry, cost)
+        naive = sum(e.cost for e in entries if e.open and e.at > now - RECENT_S)
+        assert budget._log.open_recent(now) == pytest.approx(naive, abs=1e-6)

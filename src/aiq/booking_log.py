@@ -13,17 +13,23 @@ import math
 from collections import deque
 from collections.abc import Iterator
 
+# A request sent this recently and not answered may not have reached the provider yet, whatever
+# was sent after it: one on a new connection arrives after later ones on open connections.
+RECENT_S = 1.0
+
 
 class Booking:
     """One booking; ``cost`` changes when it is settled or given back. ``mark`` is what the
-    log had booked before it, so what was booked after it is ``BookingLog.total - mark``."""
+    log had booked before it, so what was booked after it is ``BookingLog.total - mark``.
+    ``open`` until its request is answered (or given back)."""
 
-    __slots__ = ("at", "cost", "mark")
+    __slots__ = ("at", "cost", "mark", "open")
 
     def __init__(self, at: float, cost: float, mark: float) -> None:
         self.at = at
         self.cost = cost
         self.mark = mark
+        self.open = True
 
 
 class BookingLog:
@@ -31,8 +37,8 @@ class BookingLog:
     asked about, whatever its age: a sender holds it, and taken back it must be found)."""
 
     __slots__ = (
-        "_ahead_now", "_ahead_sum", "_entries", "_n_ahead", "_window_s",
-        "horizon", "last_at", "sum", "total",
+        "_ahead_now", "_ahead_sum", "_entries", "_n_ahead", "_open_sum", "_recent",
+        "_recent_horizon", "_window_s", "horizon", "last_at", "sum", "total",
     )  # fmt: skip
 
     def __init__(self, window_s: float) -> None:
@@ -46,6 +52,10 @@ class BookingLog:
         self._ahead_now = -math.inf
         self._n_ahead = 0
         self._ahead_sum = 0.0
+        # The bookings of the last RECENT_S (and ahead), and what of them is still open.
+        self._recent: deque[Booking] = deque()
+        self._recent_horizon = -math.inf
+        self._open_sum = 0.0
 
     def __iter__(self) -> Iterator[Booking]:
         """Oldest first."""
@@ -69,6 +79,10 @@ class BookingLog:
         if at > self._ahead_now:
             self._n_ahead += 1
             self._ahead_sum += cost
+        self._recent.append(entry)
+        self._open_sum += cost
+        # (Not to ``at``: booked ahead, it is no time yet. At most a window's worth is kept.)
+        self._expire(max(self._ahead_now, at - self._window_s))
         horizon = at - self._window_s
         # No later booking can fall in a window holding these (unless booked ahead).
         while log[0].at <= horizon and log[0].at <= self._ahead_now:
@@ -80,6 +94,30 @@ class BookingLog:
     def holds(self, entry: Booking) -> bool:
         """Whether ``entry`` is still in the log (its cost in the sums)."""
         return entry.at > self.horizon
+
+    def close(self, entry: Booking) -> None:
+        """``entry``'s request was answered: the provider has counted it."""
+        if entry.open:
+            entry.open = False
+            if entry.at > self._recent_horizon:
+                self._open_sum -= entry.cost
+
+    def open_recent(self, now: float, but: Booking | None = None) -> float:
+        """What was booked in the last RECENT_S (or ahead) and is not answered yet, but
+        ``but``."""
+        self._expire(now)
+        own = but.cost if but is not None and but.open and but.at > self._recent_horizon else 0
+        return max(0.0, self._open_sum - own)
+
+    def _expire(self, now: float) -> None:
+        recent, cut = self._recent, now - RECENT_S
+        while recent and recent[0].at <= cut:
+            gone = recent.popleft()
+            if gone.open:
+                self._open_sum -= gone.cost
+            self._recent_horizon = gone.at  # (equal times go together)
+        if not recent:
+            self._open_sum = 0.0  # (no float drift left over)
 
     def after(self, entry: Booking) -> float:
         """What was booked after ``entry``."""
@@ -128,6 +166,8 @@ class BookingLog:
             self.sum += cost - entry.cost
             if entry.at > self._ahead_now:
                 self._ahead_sum += cost - entry.cost
+        if entry.open and entry.at > self._recent_horizon:
+            self._open_sum += cost - entry.cost
         self.total += cost - entry.cost
         entry.cost = cost
 
@@ -144,6 +184,9 @@ class BookingLog:
             self.sum -= entry.cost
             self.total -= entry.cost
             taken += entry.cost
+            self.close(entry)
+            if self._recent and self._recent[-1] is entry:  # (they are the log's last ones)
+                self._recent.pop()
             entry.cost = 0.0
         self.last_at = log[-1].at if log else -math.inf
         return taken

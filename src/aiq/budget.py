@@ -212,6 +212,10 @@ class Budget(WindowSync):
             self._own_full_at -= entry.cost / self._refill
         self._log.adjust(entry, 0.0)
 
+    def close(self, entry: Booking) -> None:
+        """``entry``'s request was answered (or never will be): it has reached the provider."""
+        self._log.close(entry)
+
     def settle(self, entry: Booking, cost: float) -> None:
         """The booking really cost ``cost``: correct the log, and the pace by the difference."""
         self._tat += (cost - entry.cost) * self._interval

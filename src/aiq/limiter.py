@@ -337,6 +337,9 @@ class RateLimiter(Feedback):
     def answered(self, ticket: Ticket, *, through: bool = True) -> None:
         """The request got an answer other than a 429 (``through``: from the server, which
         counted it), or none at all."""
+        for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
+            if budget is not None and entry is not None:
+                budget.close(entry)
         if through:  # a presumed bucket opens by what got through
             opened = False
             for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
