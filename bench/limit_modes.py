@@ -159,6 +159,7 @@ class Result:
     least_s: float
     wall_s: float
     max_in_flight: int
+    timeline: str = ""  # per second from the first request: 200s and 429s (--timeline)
 
 
 def least_s(row: Row, t0: float, start: float) -> float:
@@ -223,6 +224,20 @@ def run_once(row: Row, workdir: Path, timeout_s: float) -> Result:
         least_s=least,
         wall_s=wall,
         max_in_flight=max_in_flight,
+        timeline=_timeline(posts, first, first + mono_to_wall),
+    )
+
+
+def _timeline(posts: list, first: float, first_wall: float) -> str:
+    """Each second from the first request (and the clock's second of the minute it began):
+    how many the server let through, how many it refused."""
+    seconds: dict[int, list[int]] = {}
+    for r in posts:
+        counts = seconds.setdefault(int(r.received - first), [0, 0])
+        counts[r.status == 429] += 1
+    return "\n".join(
+        f"      +{s:3d} s (:{int(first_wall + s) % 60:02d})  {ok:4d} ok  {no:4d} 429"
+        for s, (ok, no) in sorted(seconds.items())
     )
 
 
@@ -253,6 +268,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds per run")
+    parser.add_argument(
+        "--timeline", action="store_true", help="print each run's requests second by second"
+    )
     args = parser.parse_args()
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
@@ -270,6 +288,8 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
+        if args.timeline:
+            print(r.timeline, file=sys.stderr, flush=True)
     print(f"load average after: {os.getloadavg()}")
     print(table(results))
 

@@ -172,7 +172,8 @@ def test_a_guessed_minute_that_is_wrong_costs_one_probe_not_a_window(
     limit: int, phase: float, offset: float, hint: str | None
 ) -> None:
     """The server's minute is not the wall clock's: the window's count waits behind one
-    request sent alone 1, 3, 7... seconds after the 429, then at the guessed turn, then at the
+    request sent alone 1, 3, 7... seconds after the 429 (after a router's bound, at the
+    guessed turn first), then at the guessed turn, then two, four... seconds on, up to the
     next. From the first that gets through each window is used whole."""
     server = SimFixedWindow(limit, 60, phase)
     sent, refused = run(server, hint, limit * 4, wall_offset=offset)
@@ -293,3 +294,23 @@ def test_five_429s_in_a_row_after_the_last_success_sent_teach_one() -> None:
     clock.now += 0.16
     lim.ticket_now()
     assert lim.limits.rpm == 150
+
+
+@pytest.mark.parametrize("hint", ["llm_provider", None])
+def test_after_a_routers_bound_the_turn_is_looked_at_when_the_clock_turns_not_before(
+    hint: str | None,
+) -> None:
+    """150 a minute, the minute (the clock's) turning 20 s in. LiteLLM's router counts the
+    clock's minutes: after its ``llm_provider-retry-after: 60`` nothing goes before the turn
+    (looks at 1, 3, 7 and 15 s were four more 429s). With no hint at all the window may be
+    any server's: it is looked at 1, 3, 7, 15 s after the 429, each refused."""
+    server = SimFixedWindow(150, 60, phase=1020.0)
+    sent, refused = run(server, hint, 200, wall_offset=-1020.0, senders=8)
+    first_round = [t for t in refused if t < refused[0] + 2 * LATENCY_S]
+    probes = [t for t in refused if t >= refused[0] + 2 * LATENCY_S]
+    assert len(first_round) <= SENDERS
+    if hint == "llm_provider":
+        assert probes == []
+    else:
+        assert len(probes) == 4, [round(t - refused[0], 2) for t in probes]
+    assert 1020.0 <= sent[150] <= 1020.0 + 0.5 + 2 * LATENCY_S + 1e-6

@@ -175,7 +175,8 @@ class Feedback:
         if (requests := self._requests) is not None:
             start = refusal.window_start(now + ends_in)
             met = requests.booked(start, now) >= _MET * requests.per_minute
-        refusal.refused(now, now + ends_in, exact=exact, sent_at=sent_at, met=met)
+        bound = upper_bound and retry_after_s is not None
+        refusal.refused(now, now + ends_in, exact=exact, bound=bound, sent_at=sent_at, met=met)
         if refusal.limit is not None:
             self._slots.wake_all()  # senders let go, or held for a probe, book again
         return refusal.wait_s(now, retry_after_s, upper_bound=upper_bound, minute_s=minute_s)

@@ -11,9 +11,11 @@ count is met with no further 429.
 - **No hint, or only a bound** (LiteLLM's router: ``llm_provider-retry-after: 60``, though
   it counts calendar minutes): the window is taken to turn at the clock's next minute, but
   that is a guess (the server's clock, or its count, may differ), so one request goes alone
-  first, a second after the 429, then two, four... seconds after each refused one, up to the
-  guessed turn, and the window's count only once one got through. No window's count is sent
-  into a window that has not turned.
+  first, and the window's count only once one got through. With no hint it goes a second
+  after the 429, then two, four... seconds after each refused one, up to the guessed turn
+  (a server that refills sooner is found soon); after a router's bound, at the guessed turn
+  (its minutes are the clock's), then two, four... seconds on if it was wrong. No window's
+  count is sent into a window that has not turned.
 - **A 429 in a window kept under the count**: the server does not count fixed windows (a
   sliding minute, a bucket, another client's share). From then on the run is paced at what
   got through in the last minute, lowered at every further refusal.
@@ -73,8 +75,8 @@ class RefusalLimit:
         # that long, time enough for a request sent after its first to have got through.
         self._latencies: deque[float] = deque(maxlen=_LATENCIES)
         # A row of 429s long enough that has not stood that long yet: (when its last 429
-        # came, the window end it named, exact).
-        self.pending: tuple[float, float, bool] | None = None
+        # came, the window end it named, exact, bound).
+        self.pending: tuple[float, float, bool, bool] | None = None
 
     @property
     def per_minute(self) -> float | None:
@@ -132,11 +134,13 @@ class RefusalLimit:
         window_end: float,
         *,
         exact: bool,
+        bound: bool = False,
         sent_at: float | None = None,
         met: bool | None = None,
     ) -> None:
         """A 429 at ``now`` to a request sent at ``sent_at`` (None: now), from a window that
-        turns at ``window_end``: as the server said (``exact``), or as guessed.
+        turns at ``window_end``: as the server said (``exact``), or as guessed, from a bound
+        a router gave (``bound``: LiteLLM's, whose windows are the clock's minutes) or none.
 
         Told the limit, ``met`` says whether about that many went before it in the window
         (:meth:`window_start`): then the window is the minute the user meant, and it is
@@ -158,7 +162,7 @@ class RefusalLimit:
         if self.limit is None and not met and now - self._row_from < self._slowest_s():
             # A 429 comes back sooner than a reply: those sent after the first may yet get
             # through (a busy server's few at random, with hundreds in flight).
-            self.pending = (now, window_end, exact)
+            self.pending = (now, window_end, exact, bound)
             return
         if self.paced is not None:
             self._lower(now)
@@ -171,7 +175,7 @@ class RefusalLimit:
         elif self.limit is not None and self._confirmed:
             self._refused_after_turn(now)
         else:
-            self._learn(now, window_end, exact=exact)
+            self._learn(now, window_end, exact=exact, bound=bound)
 
     def confirm(self, now: float) -> bool:
         """A row of 429s put off (:attr:`pending`) that has stood a latency with none of the
@@ -179,8 +183,8 @@ class RefusalLimit:
         would have taught it, from the window that 429 named. True if it was."""
         if self.pending is None or now - self._row_from < self._slowest_s():
             return False
-        (at, window_end, exact), self.pending = self.pending, None
-        self._learn(at, window_end, exact=exact)
+        (at, window_end, exact, bound), self.pending = self.pending, None
+        self._learn(at, window_end, exact=exact, bound=bound)
         return self.limit is not None
 
     def _slowest_s(self) -> float:
@@ -209,7 +213,7 @@ class RefusalLimit:
         self.limit = max(1.0, got)
         self._booked[k] = self.limit
 
-    def _learn(self, now: float, window_end: float, *, exact: bool) -> None:
+    def _learn(self, now: float, window_end: float, *, exact: bool, bound: bool = False) -> None:
         """The limit is what got through in the window turning at ``window_end``."""
         start = self.window_start(window_end)
         got = self._count(start)
@@ -220,7 +224,10 @@ class RefusalLimit:
         self.limit, self._learned = got, (start, window_end)
         self._start_windows(window_end, got)
         self._confirmed = exact
-        self._probe_at = math.inf if exact else min(window_end, now + CHECK_S)
+        # A router's bound: its minutes are the clock's, the first look at their turn (a look
+        # a second on, then two, four..., cost LiteLLM's router rows 1.2% of calls in 429s).
+        self._probe_at = math.inf if exact else window_end if bound else now + CHECK_S
+        self._probe_at = min(self._probe_at, window_end)
         self._probe_out, self._probes = False, 0
 
     def wait_s(
