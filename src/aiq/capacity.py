@@ -194,6 +194,11 @@ class CapacityProbe:
             self._pool(self._latency_sum, self._latency_sq, self._replies)
             self._rebase, self._pool_before = 0, True
             return self._set(self._retry, now)
+        return self._startup_round(now)
+
+    def _startup_round(self, now: float) -> bool:
+        """A round's replies in, at a busy limit: grow, wait for more replies, try the same
+        limit again, or (flat for long enough) end startup."""
         latency = self._latency_sum / self._replies
         x = self.limit / max(latency, 1e-9)  # Little's law: in flight over latency
         if not self._best_limit:  # the first round: nothing to compare with
@@ -224,6 +229,10 @@ class CapacityProbe:
             self._begin(now)
             self._pool_before = False  # (those sent at this limit may have queued)
             return False
+        return self._end_startup(now)
+
+    def _end_startup(self, now: float) -> bool:
+        """Two rounds that did not grow: the limit is what the server took without a queue."""
         self._startup = False
         # What the server took without a queue: the most throughput seen, at the latency of
         # the rounds that grew (pooled: the least of their means is a lucky short one), and
