@@ -38,6 +38,7 @@ def test_every_line_ends_exactly_once(fates: list[str], expire: int | None) -> N
         config = Config(
             db=Path(tmp) / "aiq.db", base_url=server.base_url, api_key=API_KEY, model="m",
             via="batch", max_attempts=2, max_runtime_s=30.0,  # a loop fails, not hangs
+            backoff_base_s=0.01, backoff_cap_s=0.05,  # a dropped line retried at once
         )  # fmt: skip
         summary = asyncio.run(run_batch(config, input_path=path))
         results = [json.loads(x) for x in (Path(tmp) / "in.results.jsonl").read_text().splitlines()]
