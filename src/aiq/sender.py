@@ -294,10 +294,12 @@ class Sender:
             return err.retry_after_s
         if not rate_limited:
             limiter.answered(ticket, through=err.status_code is not None)
-            if self._auto is not None and self._auto.refused(self._progress.in_flight):
-                self._resized()
             return err.retry_after_s
         limiter.refund(ticket)  # a 429 is not counted against the limits
+        # With no limit known, 429s are the server saying it is full (a gateway's parallel
+        # limit): auto's size is cut. (Other errors say nothing of its capacity.)
+        if self._auto is not None and self._auto.refused(self._progress.in_flight):
+            self._resized()
         # ...and says to pace instead of bursting, or shows a limit nobody reported.
         return limiter.rate_limited(
             err.retry_after_s, upper_bound=err.retry_after_upper, ticket=ticket, stated=err.stated
