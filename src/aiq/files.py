@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TextIO
@@ -41,7 +42,7 @@ class AtomicFile:
             _remove_orphans(self.path)
             # The file and its handle as one step: SIGTERM (SystemExit) landing between them
             # would leave a file no __exit__ removes. A signal held here is handled as the
-            # mask is lifted, inside this try, which then removes what was made.
+            # block ends, inside this try, which then removes what was made.
             with _signals_held():
                 fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
                 self._f = os.fdopen(fd, "wb", buffering=_BUFFER)
@@ -81,13 +82,31 @@ class AtomicFile:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back (in this thread) for the block, then handled."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """SIGINT and SIGTERM held back for the block, then handled as they would have been.
+
+    Their handlers are swapped for one that only notes them: a mask (pthread_sigmask) holds
+    a signal back from this thread only, and the kernel hands it to another (aiosqlite's,
+    xdist's), whose handler then runs here all the same."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (handlers can only be set from the main thread, where they run)
+        return
+    caught: list[int] = []
+
+    def note(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # runs a held signal's handler
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in caught:
+            handler = previous[signal.Signals(signum)]
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def _remove_orphans(path: str) -> None:
