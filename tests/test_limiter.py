@@ -748,18 +748,16 @@ def _naive_ahead(budget: Budget, now: float) -> float:
     return sum(e.cost for e in budget._log if e.at > now)
 
 
+def log_ops(*names: str) -> st.SearchStrategy[list[tuple[str, float, float]]]:
+    """Up to 80 operations on a booking log, each a name and two numbers."""
+    return st.lists(
+        st.tuples(st.sampled_from(names), st.floats(0, 90), st.floats(0, 50)), max_size=80
+    )
+
+
 @pytest.mark.slow
 @settings(max_examples=200, deadline=None)
-@given(
-    ops=st.lists(
-        st.tuples(
-            st.sampled_from(["book", "ask", "forget", "settle", "drop", "tick"]),
-            st.floats(0, 90),
-            st.floats(0, 50),
-        ),
-        max_size=80,
-    )
-)
+@given(ops=log_ops("book", "ask", "forget", "settle", "drop", "tick"))
 def test_what_is_booked_ahead_is_kept_as_the_walk_would_find_it(
     ops: list[tuple[str, float, float]],
 ) -> None:
@@ -1034,16 +1032,7 @@ def test_requests_still_on_their_way_when_a_later_ones_reply_comes_are_not_sent_
 
 @pytest.mark.slow
 @settings(max_examples=200, deadline=None)
-@given(
-    ops=st.lists(
-        st.tuples(
-            st.sampled_from(["book", "close", "forget", "settle", "drop", "tick"]),
-            st.floats(0, 90),
-            st.floats(0, 50),
-        ),
-        max_size=80,
-    )
-)
+@given(ops=log_ops("book", "close", "forget", "settle", "drop", "tick"))
 # Taken back and booked again earlier: the taken-back one must not hold the new one in.
 @example(ops=[("book", 0, 1), ("book", 90, 1), ("drop", 0, 0), ("book", 0, 1), ("tick", 90, 0)])
 def test_what_is_open_of_the_last_second_is_kept_as_the_walk_would_find_it(
