@@ -119,7 +119,7 @@ RULES: list[tuple[str, Job, ProviderError, Health, Refusals, Fate]] = [
     (
         "never sooner than the server asked",
         JOB, SLOW_DOWN, UP, NO_REFUSALS,
-        Fate(kept(SLOW_DOWN, 3, NOW + 7.0 * 1.05), pause_s=7.0),  # plus up to 10%
+        Fate(kept(SLOW_DOWN, 3, NOW + 7.0 + 0.5 * 0.5), pause_s=7.0),  # plus up to 10%, 0.5 s
     ),
     (
         "A cut call is retried, and costs the job an attempt (the provider may have billed it)",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+SPREAD_CAP_S = 0.5  # the most added to a server's own delay (``delay``)
+
 
 def delay(
     attempt: int,
@@ -23,11 +25,14 @@ def delay(
     """Seconds to wait before retry number ``attempt`` (1 for the first retry).
 
     Without a server hint: uniform in [0, min(cap, base * 2**(attempt-1))]. With one, never
-    sooner than the server asked, plus up to 10% so waiting workers do not return at once.
+    sooner than the server asked, plus up to 10% (at most half a second) so waiting workers
+    do not return at once. (Ten percent of a wait to a minute's turn, up to 6 s, kept a job
+    refused at LiteLLM's minute that long after the turn let the rest go: the rate limiter
+    paces those that come back together.)
     """
     if attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {attempt}")
     ceiling = min(cap_s, base_s * 2.0 ** min(attempt - 1, 62))
     if retry_after_s is not None:
-        return retry_after_s * (1.0 + 0.1 * rand())
+        return retry_after_s + min(0.1 * retry_after_s, SPREAD_CAP_S) * rand()
     return ceiling * rand()
