@@ -337,16 +337,14 @@ class RateLimiter(Feedback):
     def answered(self, ticket: Ticket, *, through: bool = True) -> None:
         """The request got an answer other than a 429 (``through``: from the server, which
         counted it), or none at all."""
+        opened = False
         for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
             if budget is not None and entry is not None:
-                budget.close(entry)
-        if through:  # a presumed bucket opens by what got through
-            opened = False
-            for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
-                if budget is not None and budget.presumed and entry is not None:
+                budget.close(entry)  # it has reached the provider
+                if through and budget.presumed:  # a presumed bucket opens by what got through
                     opened = budget.grow(entry.cost) or opened
-            if opened:
-                self._rebook_all(self._clock())
+        if opened:
+            self._rebook_all(self._clock())
         if self._headers_rule():
             return  # a limit the provider reports: its 429s teach nothing more
         if through:
