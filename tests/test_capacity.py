@@ -107,12 +107,30 @@ def _fixed(seconds: float) -> Callable[[random.Random], float]:
 def test_a_server_that_serves_one_at_a_time_gets_about_one(
     service_s: Callable[[random.Random], float],
 ) -> None:
-    run, _ = simulate(1, service_s, 300)
-    assert run.most_in_flight <= 3  # startup tries two (and three at most), never 32
-    assert statistics.mean(run.settled()) <= 1.5
+    # Over many draws: a false "it grew" now and then costs a step or two of startup, never
+    # 32 in flight, and the cycle's deeper drain takes the queue it built away again.
+    runs = [simulate(1, service_s, 300, seed=seed)[0] for seed in range(16)]
+    assert max(run.most_in_flight for run in runs) <= 5
+    assert statistics.median(run.most_in_flight for run in runs) <= 3
+    assert statistics.median(statistics.mean(run.settled()) for run in runs) <= 1.5
     # No throughput lost to it: 300 jobs in about 300 mean service times (0.8 s each), as
     # one at a time would take.
-    assert run.took_s <= 300 * 0.8 * 1.15
+    assert max(run.took_s for run in runs) <= 300 * 0.8 * 1.15
+
+
+@pytest.mark.parametrize(("jobs", "median_s", "worst_s"), [(100, 8, 15), (1000, 12, 30)])
+def test_a_server_with_room_to_spare_is_reached_in_a_few_round_trips(
+    jobs: int, median_s: float, worst_s: float
+) -> None:
+    # The demo's simulated provider: no limit, 0.5 s jittered 0.5x-1.5x. A noisy reply among
+    # the first few (one lucky short one as the bar) held startup at two or three for dozens
+    # of replies: 100 jobs took 12 s (median of 16 draws, worst 22), 1,000 took 16 s (worst
+    # 86, where startup ended at five). Now 6.8 s (worst 11.7) and 9.9 s (worst 15.9).
+    runs = [
+        simulate(100_000, lambda rng: rng.uniform(0.25, 0.75), jobs, seed=s)[0] for s in range(16)
+    ]
+    assert statistics.median(run.took_s for run in runs) <= median_s
+    assert max(run.took_s for run in runs) <= worst_s
 
 
 def test_its_latency_stays_near_the_servers_own() -> None:

@@ -311,8 +311,9 @@ CASES: dict[str, Case] = {
     "e-anthropic": _bucket(
         300, 300, 315, lambda: fl.AnthropicBuckets(rpm=300, itpm=10**7, otpm=10**7)
     ),
-    # f. No headers: four slots, the rest queue.
-    "f-four-slots": _slots(4, 40),
+    # f. No headers: four slots, the rest queue. 120 jobs (least 5.8 s): auto's startup costs
+    # about a second (three replies at one in flight, then 2, 3, 5), 0.7 of a 40-job batch.
+    "f-four-slots": _slots(4, 120),
     # f. No headers, 150 a calendar minute, a 429 with each kind of hint.
     "f-retry-after": _headerless_429("retry-after"),
     "f-retry-after-whole": _headerless_429("retry-after-whole"),

@@ -15,24 +15,30 @@ bandwidth-delay product; in a round with free slots, X x R is what was in flight
 
 Startup raises the limit each round trip while throughput grows with it, and ends when it does
 not: then the limit falls to the estimate. A startup round is the replies to requests sent
-since the limit changed, as many as the limit (one at one), so no settling and no clock
-window, judged against a bar: the throughput of the last limit that grew at the pooled
-latency of every reply in rounds that grew, raised by three quarters of the step. The steps
-are 1, 2, 3, 5, 9, 17 ... (the step starts at one and doubles): a server of up to four slots
-is offered one request more than it serves (two at three), never twice as many (a four-slot
-server was sent eight, a one-slot llama.cpp server 32 under an older auto), and a large
-gateway is reached in one round trip more than doubling from one takes. A yes must clear the
-bar by two standard errors (the spread of latency times root(1/replies + 1/replies in the
-bar)): at once at a server of steady latency, later at a noisy one. A no takes six replies
-(at the limit), a bar of twelve when latency varies (else startup goes back to the last limit
-that grew for more) and two such rounds in a row: one noisy round ending it at a small limit
-left a 1,000-slot server at a tenth of that for minutes (bench/README "Concurrency").
+since the limit changed, as many as the limit (three at one, the first bar), so no settling and
+no clock window. Its mean latency is set against the bar's (every reply in rounds that grew:
+no queue then) as two answers: the same if the server had room for the step, higher by the
+step if it had none (twice from 1 to 2, 1.25 from 3 to 5 at four slots; above, where one slot
+fewer no longer shows, the line is throughput up by three quarters of the step). The round
+waits for more replies until it is two standard errors (the spread of latency times
+root(1/replies + 1/replies in the bar)) from the answer it is farther from. So a steady
+server decides at once and a noisy one later; a "yes" takes no more than three times the
+replies a "no" needs, a "no" up to six times, since a false no at a small limit costs a large
+server minutes and a false yes one step. The steps are 1, 2, 3, 5, 9, 17 ... (the step starts
+at one and doubles): a server of up to four slots is offered one request more than it serves
+(two at three), never twice as many (a four-slot server was sent eight, a one-slot llama.cpp
+server 32 under an older auto), and a large gateway is reached in one round trip more than
+doubling from one takes. A no takes six replies (at the limit), a bar of twelve when latency
+varies (else startup goes back to the last limit that grew for more) and two such rounds in a
+row: one noisy round ending it at a small limit left a 1,000-slot server at a tenth of that
+for minutes (bench/README "Concurrency").
 
 From then on, one round in each cycle probes a quarter (at least one) above the estimate, so
 capacity gained is found (a probe that finds room probes again), and the next drains a little
-below it, so the queue the probe built empties and min R stays the latency without a queue. A
-server losing capacity shows as rounds of lower X that replace the old ones in the window. A
-429 (a gateway's parallel limit) cuts the limit at once.
+below it (the first and every fourth one below, at least), so the queue the probe built empties
+and min R stays the latency without a queue. A server losing capacity shows as rounds of
+lower X that replace the old ones in the window. A 429 (a gateway's parallel limit) cuts the
+limit at once.
 
 Time comes from an injected clock, so the tests drive it with a simulated server, no sleeping.
 """
@@ -44,18 +50,25 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-# Startup: a round grew if throughput rose by this share of the limit's step or more. Three
-# quarters: from 3 to 5 at a four-slot server, throughput rises by half the step, and calling
-# that growth would send nine.
+# Startup, above a step of two: a round grew if throughput rose by this share of the step or
+# more. Three quarters: from 5 to 9 at eight slots, it rises by three quarters of the step.
 _GAIN_SHARE = 0.75
 _FLAT_REPLIES = 6  # startup: replies at one limit before it may be called flat
-# Startup decides once the difference from the bar is this many standard errors (the spread of
-# latency times root(1/replies + 1/replies in the bar)), at once at a server of steady latency,
-# later at a noisy one; after _MOST times the replies a "no" takes, the bar alone decides.
+# Startup decides once a round is this many standard errors (the spread of latency times
+# root(1/replies + 1/replies in the bar)) from the other answer: at once at a server of steady
+# latency, later at a noisy one. After _MOST times the replies a "no" takes, a round nearer
+# "grew" grows; after _MOST_FLAT times, one nearer "flat" is flat: a false no at a small limit
+# costs a large server minutes, a false yes one step.
 _DOUBT = 2
 _MOST = 3
+_MOST_FLAT = 6
+_FIRST_REPLIES = 3  # startup: replies at one in flight, the first bar (one alone was often lucky)
 _BUNCH = 0.1  # replies within this share of a latency of each other came back together
-_NOISE = 0.2  # the spread of latency guessed before three replies show it
+# The spread of latency guessed before replies show it, and as many replies' weight in it:
+# three replies that happen to agree are no proof of steady latency.
+_NOISE = 0.3
+_NOISE_WEIGHT = 3
+_SAME = 1e-6  # s: sent as the round began (a float's rounding off the round's start)
 _BASE_REPLIES = 12  # startup: replies in the bar before a round may be called flat...
 _STEADY = 0.05  # ...unless their latencies vary by less than this (one in twenty)
 _WINDOW = 8  # rounds the estimate is taken over
@@ -65,6 +78,7 @@ _MIN_REPLIES = 6  # replies a round takes at least: fewer are mostly noise at a 
 # "Concurrency").
 _FLAT_ROUNDS = 2
 _CYCLE = (1.25, 0.9, 1.0, 1.0, 1.0, 1.0)  # after startup, round by round: probe, drain, hold
+_DEEP = 4  # the first drain and every fourth after it goes one below the estimate at least
 _BUSY = 0.75  # a round with fewer in flight than this share of the limit says nothing of it
 _SETTLE = 2  # round trips after a change before measuring
 _FULL = 0.95  # an estimate this near the ceiling: the server took all it was allowed
@@ -102,6 +116,7 @@ class CapacityProbe:
         self._rebase = 0  # startup: replies wanted back at the last limit that grew
         self._retry = 1  # ...and the limit to try again after them
         self._cut = False  # the limit was last set by a cut
+        self._drains = 0  # drain rounds so far
         self._begin(clock())
 
     def _begin(self, now: float) -> None:
@@ -127,7 +142,7 @@ class CapacityProbe:
         if self._measure_at is None:
             # Replies to requests sent before the round began show the old limit, not this one;
             # and the first round trip after a change still drains or fills the server's queue.
-            if now - latency_s < self._round_at:
+            if now - latency_s < self._round_at - _SAME:
                 return False
             self._settled -= 1
             if self._settled:
@@ -171,7 +186,7 @@ class CapacityProbe:
         """Startup: a round trip at the limit, and more while the replies leave it in doubt;
         then the next step, or (two rounds that did not grow) the end."""
         self._prev_reply_at, self._last_reply_at = self._last_reply_at, now
-        if now - latency_s < self._round_at:
+        if now - latency_s < self._round_at - _SAME:
             # Sent at the old limit: no news of this one. If that one grew, the server took it
             # without a queue, and (first come, first served) the requests sent since do not
             # delay this one: its latency is one more sample of the latency without a queue.
@@ -182,7 +197,7 @@ class CapacityProbe:
         self._latency_sum += latency_s
         self._latency_sq += latency_s * latency_s
         self._most_in_flight = max(self._most_in_flight, in_flight)
-        if self._replies < max(self.limit, self._rebase):
+        if self._replies < max(self.limit, self._rebase, self._best_limit or _FIRST_REPLIES):
             return False
         # (The most, not the mean: of replies that come back together, each sees fewer out,
         # the next requests not yet sent.)
@@ -203,18 +218,22 @@ class CapacityProbe:
         x = self.limit / max(latency, 1e-9)  # Little's law: in flight over latency
         if not self._best_limit:  # the first round: nothing to compare with
             return self._grow(x, latency, now)
-        bar = self._bar(self.limit)
-        # The noise of comparing this round's mean latency with the bar's.
-        doubt = _DOUBT * self._spread() * math.sqrt(1 / self._replies + 1 / self._base_count)
-        if x >= bar * (1.0 + doubt) and self.limit < self._ceiling:
-            return self._grow(x, latency, now)
+        # The round's latency over the bar's, as a log: 0 if the server had room for the step,
+        # `full` if it had none (no more slots than the last limit that grew, or one fewer
+        # than this one). Which of the two the round is nearer decides; a decision waits until
+        # the round is _DOUBT standard errors from the other one, or has waited long.
+        ratio = math.log(max(latency, 1e-9) * self._base_count / self._base_sum)
+        full, mid = self._thresholds()
+        error = self._spread() * math.sqrt(1 / self._replies + 1 / self._base_count)
         enough = max(_FLAT_REPLIES, self.limit)
-        if self._replies < enough:
-            return False
-        if self._replies >= _MOST * enough:  # in doubt still: the bar decides
-            if x >= bar and self.limit < self._ceiling:
+        if ratio <= mid:
+            if full - ratio < _DOUBT * error and self._replies < _MOST * enough:
+                return False
+            if self.limit < self._ceiling:
                 return self._grow(x, latency, now)
-        elif x >= bar * (1.0 - doubt):  # in doubt
+        elif self._replies < enough or (
+            ratio < _DOUBT * error and self._replies < _MOST_FLAT * enough
+        ):
             return False
         if self._base_count < _BASE_REPLIES and self._spread() > _STEADY:
             # Too few replies in the bar to call it flat, at a server whose latency varies
@@ -256,12 +275,16 @@ class CapacityProbe:
         self._base_sq += latency_sq
         self._base_count += replies
 
-    def _bar(self, limit: int) -> float:
-        """The throughput a round at ``limit`` must reach to have grown: that of the last limit
-        that grew, at the latency of every reply in rounds that grew (no queue then: pooled,
-        one lucky round does not set it), raised by _GAIN_SHARE of the step."""
-        best_x = self._best_limit * self._base_count / self._base_sum
-        return best_x * (1.0 + _GAIN_SHARE * (limit / self._best_limit - 1.0))
+    def _thresholds(self) -> tuple[float, float]:
+        """The log latency ratio of a round at a server with no room for the step, and the
+        line between that and room. A step of one or two has a clear "no room" (twice the
+        latency from one to two, 1.5 from two to three, 1.25 from three to five at four
+        slots); above, it fades to one, and the line is where throughput rose by _GAIN_SHARE
+        of the step (a limit that grew is then at most 7/6 of the server's size)."""
+        best, limit = self._best_limit, self.limit
+        gained = math.log(limit / (best * (1.0 + _GAIN_SHARE * (limit / best - 1.0))))
+        full = max(math.log(limit / max(best, limit - 1)), 2 * gained)
+        return full, max(full / 2, gained)
 
     def _grow(self, x: float, latency: float, now: float) -> bool:
         """Startup: the limit grew; the next step."""
@@ -280,8 +303,8 @@ class CapacityProbe:
         return changed
 
     def _spread(self) -> float:
-        """The coefficient of variation of latency without a queue: of the bar's replies, or
-        before there are three, of those and this round's (a guess before there are three)."""
+        """The coefficient of variation of latency without a queue: of the bar's replies (and
+        before there are three, this round's too), drawn towards a guess while they are few."""
         n, total, square = self._base_count, self._base_sum, self._base_sq
         if n < 3:
             n, total, square = (
@@ -289,10 +312,11 @@ class CapacityProbe:
                 total + self._latency_sum,
                 square + self._latency_sq,
             )
-        if n < 3:
+        if n < 2:
             return _NOISE
         mean = total / n
-        return math.sqrt(max(0.0, square / n - mean * mean)) / mean
+        variance = max(0.0, square / n - mean * mean) / (mean * mean)
+        return math.sqrt((n * variance + _NOISE_WEIGHT * _NOISE**2) / (n + _NOISE_WEIGHT))
 
     def _decide(self, x: float, latency: float, now: float) -> bool:
         best_before = max((r[0] for r in self._rounds), default=0.0)
@@ -307,6 +331,15 @@ class CapacityProbe:
         base = max(1, round(estimate))
         if gain > 1:
             return self._set(max(base + 1, math.ceil(estimate * gain)), now, estimate)
+        if gain < 1 and estimate >= _FULL * self._ceiling:
+            gain = 1.0  # the probe was held at the ceiling: it built no queue to drain
+        if gain < 1:
+            self._drains += 1
+            if self._drains % _DEEP == 1:
+                # One below: at a small limit a tenth less rounds back to the limit itself, and
+                # the queue of startup's last step (two or three at a one-slot server) stayed,
+                # min R never seeing the latency without it.
+                return self._set(max(1, min(round(estimate * gain), base - 1)), now, estimate)
         return self._set(max(1, round(estimate * gain)), now, estimate)
 
     def _set(self, wanted: int, now: float, estimate: float | None = None) -> bool:
