@@ -303,6 +303,17 @@ class FakeServer:
                 if verdict is not None:
                     return faults.rate_limited(self, ex, *verdict)
             ex.counted = True
+        if mode is None or ex.admitted_at is None:
+            return await self._answer(ex, path, body, refused)
+        try:
+            return await self._answer(ex, path, body, refused)
+        finally:
+            mode.release(self.limit_clock())  # (a parallel limit counts it done)
+
+    async def _answer(
+        self, ex: _Exchange, path: str, body: Any, refused: tuple[int, dict] | None
+    ) -> web.StreamResponse:
+        """The request's fate once it passed the limits: latency, then its reply or fault."""
         if self.latency_s > 0 or self._slots is not None:
             await self._serve(self.latency_s)
         if refused is not None:
@@ -312,7 +323,7 @@ class FakeServer:
             return self._reply(
                 ex, 400, faults.error_body_for(ex, 400, "The request was rejected as invalid.")
             )
-        drawn = faults.draw(self, raw)
+        drawn = faults.draw(self, ex.raw)
         if drawn is None:
             return self._reply(ex, 200, self._build(path, body, ex.prompt, ex.cost))
         return await faults.inject(self, ex, path, *drawn)

@@ -36,7 +36,7 @@ from .providers import (
     OpenAIBucket,
     PerSecond,
 )
-from .situations import FlexCapacity, Headerless, OtherClient, SpendLimit
+from .situations import FlexCapacity, Headerless, OtherClient, ParallelLimit, SpendLimit
 
 __all__ = [
     "MODES",
@@ -53,6 +53,7 @@ __all__ = [
     "Mode",
     "OpenAIBucket",
     "OtherClient",
+    "ParallelLimit",
     "PerSecond",
     "Refused",
     "SpendLimit",

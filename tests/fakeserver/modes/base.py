@@ -52,6 +52,9 @@ class Mode:
         """The rate-limit headers of a reply sent at ``now``."""
         return {}
 
+    def release(self, now: float) -> None:
+        """A request this mode admitted has been answered (its reply or a fault)."""
+
 
 # -- the two ways of counting ------------------------------------------------------------------
 

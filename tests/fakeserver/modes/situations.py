@@ -58,6 +58,44 @@ class Headerless(Mode):
         return None
 
 
+class ParallelLimit(Mode):
+    """LiteLLM proxy's parallel request limiter: a key's ``max_parallel_requests``, no limit
+    on the rate and no rate-limit headers (a key with only this limit gets none: its success
+    hook writes ``x-ratelimit-*`` for a key's rpm or tpm limit alone).
+
+    Source: litellm/proxy/hooks/parallel_request_limiter.py. The count lives in a cache entry
+    per key and calendar minute (``{key}::{YYYY-MM-DD-HH-MM}::request_count``): a request is
+    admitted while ``current_requests < max_parallel_requests`` and adds one; its success or
+    failure takes one off the entry of the minute it ends in (not below 0, a missing entry
+    read as 1). So at each minute's turn the count starts again from 0 with the old minute's
+    requests still running. A refusal is a 429 with the detail "Max parallel request limit
+    reached" (the proxy's ``{"error": {..., "code": "429"}}`` body) and ``retry-after``
+    ``str(time_to_next_minute())``, seconds to the minute's turn as a float (``52.905443``):
+    when the count restarts, not when a slot frees.
+    """
+
+    def __init__(self, *, max_parallel: int, slots: int | None = None) -> None:
+        self.max_parallel, self.slots = max_parallel, slots
+        self.count = CalendarWindow(60)
+
+    def admit(self, now: float, cost: Cost) -> Refused | None:
+        current = int(self.count.used(now))
+        if current >= self.max_parallel:
+            message = (
+                "LiteLLM Rate Limit Handler for rate limit type = key. Max parallel request "
+                f"limit reached. current max_parallel_requests: {current}, "
+                f"max_parallel_requests: {self.max_parallel}"
+            )
+            error = {"message": message, "type": "None", "param": "None", "code": "429"}
+            return Refused({"error": error}, {"retry-after": str(self.count.reset_in(now))})
+        self.count.add(now, 1)
+        return None
+
+    def release(self, now: float) -> None:
+        used = self.count.used(now)
+        self.count.add(now, -1 if used >= 1 else -used)
+
+
 class OtherClient(Mode):
     """Another client on the same key: from ``start_at`` until ``stop_at`` (clock times) it
     sends ``rpm`` requests a minute of ``tokens`` each through ``inner``, taking its share of
