@@ -141,6 +141,16 @@ def _rows() -> dict[str, Row]:
                 partial(lambda t0, n: fl.Headerless(slots=n), n=slots),
                 flags,
             )
+    # LiteLLM's max_parallel_requests: 8 at once, the rest refused, retry-after to the minute.
+    for name, flags in (("configured", ("--concurrency", "8")), ("learned", ())):
+        rows[f"f-parallel-limit-{name}"] = Row(
+            f"no headers, LiteLLM parallel limit 8 (0.2 s), aiq {' '.join(flags) or 'auto'}",
+            1000,
+            lambda t0: fl.ParallelLimit(max_parallel=8),
+            flags,
+            # (A replay would not free its slots: the least is the slots'.)
+            least=lambda jobs: (math.ceil(jobs / 8) - 1) * 0.2,
+        )
     return rows
 
 

@@ -24,6 +24,7 @@ class Run:
     latencies: list[float] = field(default_factory=list)
     most_in_flight: int = 0
     took_s: float = 0.0
+    refused: list[float] = field(default_factory=list)  # when each 429 came
 
     def settled(self) -> list[int]:
         """The limits over the second half of the run, once startup is long over."""
@@ -64,9 +65,11 @@ def simulate(
         while in_flight < probe.limit and sent < jobs:
             if refuse_over is not None and in_flight >= refuse_over:
                 probe.cut(in_flight + 1)  # answered 429 at once; the job is tried again later
+                run.refused.append(now)
                 break
             if refuse_share and refusals.random() < refuse_share:
                 probe.cut(in_flight + 1)  # answered 429 at once; tried again at once
+                run.refused.append(now)
                 continue
             in_flight += 1
             sent += 1
@@ -170,6 +173,19 @@ def test_a_parallel_limit_answered_with_429s_cuts_it_below_the_limit() -> None:
     run, _ = simulate(1000, _fixed(1.0), 5_000, refuse_over=50)
     assert run.most_in_flight <= 50
     assert 20 <= statistics.median(run.settled()) <= 50
+
+
+def test_a_parallel_limit_found_is_held_not_probed_into_again_and_again() -> None:
+    # LiteLLM's max_parallel_requests of 8 at 0.2 s: a cut back to 0.7 of what was out,
+    # then probes over the limit every few rounds, drew 7% of the calls in 429s at 0.75 of the
+    # throughput. Now the cut goes back to the most a round had with no 429, and nothing over
+    # it is tried for 30 s.
+    run, _ = simulate(1000, _fixed(0.2), 5_000, refuse_over=8)
+    least = 5_000 / 8 * 0.2
+    assert run.took_s <= 1.1 * least
+    assert 7 <= statistics.median(run.settled()) <= 8
+    later = [t for t in run.refused if t >= 10.0]
+    assert len(later) <= 0.005 * 5_000  # a probe over it now and then, every 30 s
 
 
 def test_replies_to_requests_sent_before_a_change_do_not_count_for_it() -> None:

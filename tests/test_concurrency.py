@@ -76,13 +76,19 @@ def test_a_minutes_bucket_to_send_at_once_lets_every_sender_send() -> None:
     assert asyncio.run(scenario()) == 256
 
 
-def test_a_sender_waiting_in_a_limiter_lets_the_next_one_through() -> None:
-    auto = AutoConcurrency(Limiters.shared(RateLimiter()), 8)  # size 1: no limit known
+@pytest.mark.parametrize("paced", [True, False], ids=["paced", "a-pause-alone"])
+def test_a_sender_waiting_in_a_limiter_lets_the_next_one_through(paced: bool) -> None:
+    # Waiting for a paced slot, a sender is not in flight: the next goes. With no pace, a
+    # limiter holds a sender only for a 429's pause, which holds every sender: the next
+    # waits its turn, or all of them would go at once as the pause ends.
+    limiter = RateLimiter(rpm=60) if paced else RateLimiter()
+    auto = AutoConcurrency(Limiters.shared(limiter), 8)
+    assert auto.size == 1
     order: list[str] = []
 
     async def paced_sender(release: asyncio.Event) -> None:
         await auto.enter()
-        async with auto.pacing():
+        async with auto.pacing(paced=limiter.paces):
             order.append("paced waits")
             await release.wait()
         order.append("paced sends")
@@ -98,12 +104,19 @@ def test_a_sender_waiting_in_a_limiter_lets_the_next_one_through() -> None:
         first = asyncio.create_task(paced_sender(release))
         await asyncio.sleep(0)
         second = asyncio.create_task(other_sender())
-        await asyncio.wait_for(second, 1)  # not held up by the first's wait
+        if paced:
+            await asyncio.wait_for(second, 1)  # not held up by the first's wait
+        else:
+            await asyncio.sleep(0.05)
+            assert not second.done()
         release.set()
-        await first
+        await asyncio.gather(first, second)
 
     asyncio.run(scenario())
-    assert order == ["paced waits", "other sends", "paced sends"]
+    if paced:
+        assert order == ["paced waits", "other sends", "paced sends"]
+    else:
+        assert order == ["paced waits", "paced sends", "other sends"]
 
 
 def test_opening_the_gate_lets_every_waiting_sender_through() -> None:

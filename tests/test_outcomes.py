@@ -266,6 +266,36 @@ def test_a_failure_is_decided_as_readme_says(
     assert got == fate
 
 
+def test_a_full_servers_429_pauses_no_one_and_backs_off_its_job_alone() -> None:
+    # (aiq.feedback's server_full: the server took a request let through an earlier pause.)
+    # The refused job backs off by its own tries, whatever its hint (the minute's
+    # turn, from LiteLLM's parallel limiter) or the streak: the others keep the server busy.
+    hinted = error("rate_limit", 429, retryable=True, retry_after_s=52.9)
+    got = failed(
+        JOB, hinted, policy=POLICY, health=UP, started=STARTED, now=NOW, retry_after_s=52.9,
+        refusals=NO_REFUSALS, full=True, rand=half,
+    )  # fmt: skip
+    assert got == Fate(kept(hinted, 2, NOW + 2 * 0.5))  # its own backoff (two tries), no pause
+    # A hint sooner than that (the simulated provider's retry-after-ms) is kept.
+    soon = error("rate_limit", 429, retryable=True, retry_after_s=0.2)
+    got = failed(
+        JOB, soon, policy=POLICY, health=UP, started=STARTED, now=NOW, retry_after_s=0.2,
+        refusals=NO_REFUSALS, full=True, rand=half,
+    )  # fmt: skip
+    assert got == Fate(kept(soon, 2, NOW + 0.2 + 0.02 * 0.5))
+
+
+def test_a_429_whose_pause_is_tested_holds_its_job_by_the_pause_alone() -> None:
+    # The pause may end early (a request let through it got through): the job comes back
+    # after its own backoff and waits in the pause, not 52.9 s on its own.
+    hinted = error("rate_limit", 429, retryable=True, retry_after_s=52.9)
+    got = failed(
+        JOB, hinted, policy=POLICY, health=UP, started=STARTED, now=NOW, retry_after_s=52.9,
+        refusals=Refusals(rounds=1), held=True, rand=half,
+    )  # fmt: skip
+    assert got == Fate(kept(hinted, 2, NOW + 2 * 0.5), pause_s=52.9)
+
+
 def _plain(markdown: str) -> str:
     """Words only: no code or bold marks, one space for any run of white space."""
     return re.sub(r"\s+", " ", markdown.replace("`", "").replace("**", ""))

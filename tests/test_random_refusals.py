@@ -46,6 +46,9 @@ def run(
                 continue
             lim.refund(ticket)
             wait_s = lim.rate_limited(rng.uniform(0.02, 0.2), ticket=ticket)
+            if lim.server_full:  # as aiq.sender does: this sender backs off, the rest go on
+                await clock.sleep(rng.uniform(0.0, 1.0))
+                continue
             lim.pause(wait_s if wait_s is not None else 1.0)
 
     async def go() -> None:

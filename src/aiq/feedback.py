@@ -29,6 +29,7 @@ class Ticket(Protocol):
     tokens: Booking | None
     split: tuple[Booking | None, Booking | None]
     sent_at: float
+    full_probe: bool
 
 
 class Feedback:
@@ -45,6 +46,7 @@ class Feedback:
     _refusal: RefusalLimit
     _slots: SlotWaits
     _first_at: float | None
+    _full_from: float | None
 
     if TYPE_CHECKING:
 
@@ -130,6 +132,23 @@ class Feedback:
         budget.follow_stated(stated.per_minute, now)
         self._slots.wake_all()  # senders booked at the old pace book again
 
+    @property
+    def server_full(self) -> bool:
+        """Whether the latest 429 (:meth:`rate_limited`) was a full server's, not a window's:
+        no limit shown or learned, and a request let through an earlier 429's pause got
+        through (:meth:`RateLimiter._full_test`). LiteLLM's parallel limiter refuses while
+        its count of requests in flight is met, and asks for its minute's turn
+        (``retry-after: 52.905443``) though a slot frees as soon as any request ends: a pause
+        for every sender to that turn held a run that takes 4 s for minutes. The 429 is the
+        refused job's alone, retried after its backoff."""
+        return self._refusal.full and not self._headers_rule()
+
+    @property
+    def pause_tested(self) -> bool:
+        """Whether the pause of the latest 429 is being tested (:meth:`server_full`): it may
+        end before its time, so the refused job is held by it, not by its own wait."""
+        return self._full_from is not None
+
     def rate_limited(
         self,
         retry_after_s: float | None = None,
@@ -177,6 +196,12 @@ class Feedback:
             met = requests.booked(start, now) >= _MET * requests.per_minute
         bound = upper_bound and retry_after_s is not None
         refusal.refused(now, now + ends_in, exact=exact, bound=bound, sent_at=sent_at, met=met)
+        if refusal.full:
+            return None  # the refused job's own backoff (see server_full)
+        if ticket is not None and ticket.full_probe:
+            self._full_from = None  # the test refused: the pause holds
+        elif refusal.probing_full and self._full_from is None:
+            self._full_from = now  # the pause this 429 brings is tested (RateLimiter.answered)
         if refusal.limit is not None:
             self._slots.wake_all()  # senders let go, or held for a probe, book again
         return refusal.wait_s(now, retry_after_s, upper_bound=upper_bound, minute_s=minute_s)

@@ -44,6 +44,7 @@ class Ticket:
     split: tuple[Booking | None, Booking | None] = (None, None)
     sent_at: float = 0.0  # when it may go (the limiter's clock)
     window: Booking | None = None  # its place in a limit learned from 429s
+    full_probe: bool = False  # let through a 429's pause, to see if the server is only full
 
 
 @dataclass(slots=True)
@@ -88,6 +89,10 @@ class RateLimiter(Feedback):
         # Input and output token limits apart, once a reply's headers show them (Anthropic).
         self._split: SplitTokens | None = None
         self._first_at: float | None = None  # the run's first request: a ramp starts there
+        # A 429's pause with no limit known: when it began (None: no test of it armed), and
+        # whether one request may go through it, sent once one sent before it got through.
+        self._full_from: float | None = None
+        self._full_pass = False
 
     @property
     def counts_tokens(self) -> bool:
@@ -172,6 +177,9 @@ class RateLimiter(Feedback):
             return ticket  # nothing to pace (yet): the common case without limits
         while True:
             now = self._clock()
+            if self._full_pass and self._unpaced():
+                self._full_pass, ticket.sent_at, ticket.full_probe = False, now, True
+                return ticket  # through the pause: does the server take it? (answered)
             at = self._book(ticket, now)
             generation = self._slots.generation
             if at == math.inf:  # a probe is out (a limit learned from 429s): nothing booked
@@ -193,6 +201,11 @@ class RateLimiter(Feedback):
         """A row of 429s put off may show a limit by now (:meth:`RefusalLimit.confirm`)."""
         if now >= self._paused_until and self._refusal.confirm(now):
             self._slots.wake_all()
+
+    @property
+    def paces(self) -> bool:
+        """Whether any limit is known (given, reported or learned from 429s)."""
+        return not self._unpaced()
 
     def _unpaced(self) -> bool:
         return (
@@ -347,6 +360,11 @@ class RateLimiter(Feedback):
             self._rebook_all(self._clock())
         if self._headers_rule():
             return  # a limit the provider reports: its 429s teach nothing more
+        if self._full_from is not None:
+            if through:
+                self._full_test(ticket, self._full_from)
+            elif ticket.full_probe:
+                self._full_from = None  # no answer: the test is off, the pause holds
         if through:
             # What got through is what a 429 would teach.
             if self._refusal.got_through(ticket.sent_at, self._clock()):
@@ -354,6 +372,19 @@ class RateLimiter(Feedback):
         elif ticket.window is not None:
             self._refusal.forget(ticket.window)  # a probe lost: another may go
             ticket.window = None
+
+    def _full_test(self, ticket: Ticket, since: float) -> None:
+        """A 429's pause is being tested (no limit known; paused since ``since``): one request
+        sent before it got through, so a slot is free if the server refuses only when full,
+        and one request goes to see. If that one gets through, the server is full, not out
+        of its window (a parallel limit): the pause ends, and its 429s pause no one again."""
+        if ticket.full_probe:
+            self._refusal.full_known, self._full_from = True, None
+            self._paused_until = -math.inf
+            self._slots.wake_all()
+        elif ticket.sent_at < since and self._paused_until > self._clock():
+            self._full_pass, self._full_from = True, -math.inf  # (one pass per pause)
+            self._slots.wake_all()
 
     def wait_s(self) -> float:
         """Seconds until the next request booked for later goes, or with none booked, until

@@ -148,11 +148,16 @@ def failed(
     now: float,
     retry_after_s: float | None = None,
     refusals: Refusals = NO_REFUSALS,
+    full: bool = False,
+    held: bool = False,
     rand: Callable[[], float] = random.random,
 ) -> Fate:
     """A failed attempt: retry later, dead-letter, or stop the run (see :func:`own_fault`
     for when it costs an attempt). ``retry_after_s`` is the delay to honour (for a 429, as
-    the limiter read it); ``now`` and ``started`` are wall-clock times."""
+    the limiter read it); ``full``: the 429 is a full server's, not its window's (the
+    limiter's ``server_full``), so the others go on; ``held``: the pause for it holds the
+    job too and may end sooner (the limiter's ``pause_tested``). Either way the job waits
+    no longer than its own backoff; ``now`` and ``started`` are wall-clock times."""
     out = _attempted(job, err, own_fault(err, health), started=started, now=now)
     if err.fatal:  # not the job's fault: it stays as it was, and the run stops
         return Fate(out, give_up="fatal")
@@ -160,15 +165,15 @@ def failed(
         return Fate(out, give_up="unreachable")
     rate_limited = refused(err)
     # A 429 costs no attempt, so its backoff grows with the run's streak of refusals.
+    attempt = max(1, out.attempts, refusals.rounds if rate_limited else 0)
     wait_s = backoff.delay(
-        max(1, out.attempts, refusals.rounds if rate_limited else 0),
-        base_s=policy.base_s,
-        cap_s=policy.cap_s,
-        retry_after_s=retry_after_s,
-        rand=rand,
+        attempt, base_s=policy.base_s, cap_s=policy.cap_s, retry_after_s=retry_after_s, rand=rand
     )
+    if full or held:  # the hint if it is sooner than the job's own backoff
+        own_s = backoff.delay(attempt, base_s=policy.base_s, cap_s=policy.cap_s, rand=rand)
+        wait_s = min(wait_s, own_s)
     pause_s = None
-    if retry_after_s is not None or rate_limited:
+    if (retry_after_s is not None or rate_limited) and not full:
         # The server's pace holds for every request, not just this one: pause all senders
         # (for as long as it said, or for the streak's backoff if it named no time).
         pause_s = retry_after_s if retry_after_s is not None else wait_s

@@ -71,6 +71,7 @@ class RefusalLimit:
         self._in_a_row = 0  # 429s since a request sent after the first of them got through
         self._row_from = -math.inf  # when the first of them was sent
         self._latest_through = -math.inf  # the send time of the latest sent that got through
+        self.full_known = False  # its 429s say it is full (a parallel limit): see ``full``
         # The latest successes' latencies: a row of 429s shows a limit only once it has stood
         # that long, time enough for a request sent after its first to have got through.
         self._latencies: deque[float] = deque(maxlen=_LATENCIES)
@@ -146,6 +147,8 @@ class RefusalLimit:
         (:meth:`window_start`): then the window is the minute the user meant, and it is
         learned at once; if not, it is another window (per-second enforcement), and the
         configured pace is kept. Not told (None): five in a row teach one."""
+        if self.full_known:
+            return  # a full server's 429: no window to learn (a row forms as it fills)
         start = now if sent_at is None else sent_at
         if self._in_a_row and start < self._row_from:
             # The row began before its first answer said; one sent since that got through
@@ -252,6 +255,24 @@ class RefusalLimit:
         turn is a little late (a guess, a whole-second retry-after rounded up, a reply a
         latency old), its start too, so a second before."""
         return window_end - SPAN_S - LATE_S
+
+    @property
+    def full(self) -> bool:
+        """Whether the server's 429s are a full server's, not a window's: a request sent
+        while a 429's pause held the rest got through (:meth:`RateLimiter.answered`), and no
+        window has been learned before."""
+        return self.full_known and self.limit is None and self.paced is None
+
+    @property
+    def probing_full(self) -> bool:
+        """Whether a 429's pause may be tested by one request (none learned yet, some got
+        through before it, and none has shown the server full)."""
+        return (
+            not self.full_known
+            and self.limit is None
+            and self.paced is None
+            and self._latest_through > -math.inf
+        )
 
     @property
     def probe_at(self) -> float:

@@ -160,13 +160,20 @@ class Sender:
                 reply = await self._send_timed(job, model, self._timeouts)
         except ProviderError as err:
             outcome = self._failed(job, err, started, ticket)
+            full = err.error_type == "rate_limit" and ticket.limiter.server_full
         else:
             outcome = self._replied(job, reply, started, ticket, charge)
+            full = False
         finally:
             progress.in_flight -= 1
         if self._cuts and outcome.state != QUEUED:
             self._cuts.pop(job.id, None)
         self._dispatch.finished(outcome)
+        if full:
+            # A full server's 429: this sender was one too many. It waits out the job's
+            # backoff before taking another (the others go on), or it would send the next job
+            # into the same full server at once, a 429 a millisecond.
+            await asyncio.sleep(max(0.0, outcome.next_at - self._wall()))
 
     async def _acquire(
         self, job: Job, limiter: RateLimiter, cost: tokens.TokenCost | None
@@ -184,7 +191,7 @@ class Sender:
                 return None
         if self._auto is None:
             return await limiter.acquire(cost.prompt, cost.reserved)
-        async with self._auto.pacing():
+        async with self._auto.pacing(paced=limiter.paces):
             return await limiter.acquire(cost.prompt, cost.reserved)
 
     async def _provider_up(self, job: Job, model: str | None) -> bool:
@@ -249,6 +256,10 @@ class Sender:
         limiter = ticket.limiter
         rate_limited = err.error_type == "rate_limit"
         retry_after_s = self._limiter_failed(err, ticket, rate_limited)
+        full = rate_limited and limiter.server_full
+        held = rate_limited and limiter.pause_tested
+        if full:
+            retry_after_s = err.retry_after_s  # (the job's, if sooner than its backoff)
         outage = outcomes.outage_like(err)
         if outage:
             self._progress.last_error = err.message
@@ -264,11 +275,12 @@ class Sender:
             broken=breakers.broken(key),
         )
         refusals = NO_REFUSALS
-        if outcomes.refused(err) and not err.fatal:  # a fatal one ends the run: no round
+        # (A fatal one ends the run: no round. A full server's is no streak: it takes others.)
+        if outcomes.refused(err) and not err.fatal and not full:
             refusals = Refusals(self._refusals.refused(), self._refusals.lasted_s())
         fate = outcomes.failed(
             job, err, policy=self._retry, health=health, started=started, now=now,
-            retry_after_s=retry_after_s, refusals=refusals,
+            retry_after_s=retry_after_s, refusals=refusals, full=full, held=held,
         )  # fmt: skip
         if fate.outcome.timed_out:
             self._progress.timeouts += 1
