@@ -28,6 +28,7 @@ from fakeserver.modes import (
     Mode,
     OpenAIBucket,
     OtherClient,
+    ParallelLimit,
     PerSecond,
     build,
     groq_duration,
@@ -159,6 +160,28 @@ def test_litellm_minute_restarts_at_the_boundary_whatever_came_before() -> None:
     assert burst(mode, T0 + 59.5, 5) == 4
     assert burst(mode, T0 + 60.0, 5) == 4  # eight in half a second: fixed, not sliding
     assert burst(mode, T0 + 119.99, 5) == 0
+
+
+def test_litellm_parallel_limit_refuses_while_its_count_is_met_until_one_ends() -> None:
+    mode = ParallelLimit(max_parallel=3)
+    assert burst(mode, T0 + 7.094556, 5) == 3
+    no = mode.admit(T0 + 7.094556, ONE)
+    assert no is not None
+    assert float(no.headers["retry-after"]) == pytest.approx(52.905444)  # the minute's turn
+    assert set(no.headers) == {"retry-after"}
+    assert "Max parallel request limit reached" in no.payload["error"]["message"]
+    assert mode.headers(T0 + 8) == {}  # a key with no rpm or tpm limit gets no headers
+    mode.release(T0 + 8)  # one answered: a slot is free at once, not at the turn
+    assert burst(mode, T0 + 8, 2) == 1
+
+
+def test_litellm_parallel_count_restarts_at_the_minute_with_old_requests_still_out() -> None:
+    mode = ParallelLimit(max_parallel=3)
+    assert burst(mode, T0 + 59.9, 3) == 3
+    assert burst(mode, T0 + 60.0, 4) == 3  # a fresh cache entry: six running at once
+    for _ in range(5):  # those of the last minute end in this one: taken off, not below 0
+        mode.release(T0 + 61)
+    assert burst(mode, T0 + 61, 4) == 3
 
 
 def test_litellm_tokens_counted_after_the_call() -> None:
