@@ -234,22 +234,24 @@ def _windows(
     return Case(make, jobs, ("--rpm", str(rpm)), least, over, budget, **kw)
 
 
+def _so_many_at_once(
+    make: Callable[[], fl.Mode], most: int, jobs: int, over: Callable[[Run], str | None], **kw: Any
+) -> Case:
+    """A server that takes ``most`` at once: 0.2 s a reply (at 50 ms, aiq's own few ms
+    between a reply and the next request would weigh as much as the limit), told that many."""
+    latency_s = 0.2
+    least = (math.ceil(jobs / most) - 1) * latency_s
+    flags = ("--concurrency", str(most))
+    return Case(make, jobs, flags, lambda run: least, over, least, latency_s=latency_s, **kw)
+
+
 def _parallel(most: int, jobs: int) -> Case:
     def over(run: Run) -> str | None:
         # The mode refuses what is over; told, none is.
         return f"{run.refused} refused, told the limit" if run.told and run.refused else None
 
-    latency_s = 0.2
-    least = (math.ceil(jobs / most) - 1) * latency_s
-    return Case(
-        lambda: fl.ParallelLimit(max_parallel=most),
-        jobs,
-        ("--concurrency", str(most)),
-        lambda run: least,
-        over,
-        least,
-        latency_s=latency_s,
-        share_429=0.06,
+    return _so_many_at_once(
+        lambda: fl.ParallelLimit(max_parallel=most), most, jobs, over, share_429=0.06
     )
 
 
@@ -261,19 +263,7 @@ def _slots(slots: int, jobs: int) -> Case:
         most = run.max_in_flight
         return None if most <= bound else f"{most} in flight at a server of {slots} slots"
 
-    # 0.2 s a reply: at 50 ms, aiq's own few ms between a reply and the next request would
-    # weigh as much as the limit.
-    latency_s = 0.2
-    least = (math.ceil(jobs / slots) - 1) * latency_s
-    return Case(
-        lambda: fl.Headerless(slots=slots),
-        jobs,
-        ("--concurrency", str(slots)),
-        lambda run: least,
-        over,
-        least,
-        latency_s=latency_s,
-    )
+    return _so_many_at_once(lambda: fl.Headerless(slots=slots), slots, jobs, over)
 
 
 def _other_client(rpm: int, other_rpm: int, other_s: float, jobs: int) -> Case:
