@@ -19,6 +19,10 @@ count is met with no further 429.
 - **A 429 in a window kept under the count**: the server does not count fixed windows (a
   sliding minute, a bucket, another client's share). From then on the run is paced at what
   got through in the last minute, lowered at every further refusal.
+- **A full server** (LiteLLM's ``max_parallel_requests``: refused while its count of
+  requests in flight is met, the same ``retry-after`` to the minute) takes a request sent
+  during a 429's pause as soon as another ends (aiq.limiter's test of the pause): then
+  ``full_known``, and its 429s teach no window (as it fills, a row of them forms).
 """
 
 from __future__ import annotations
