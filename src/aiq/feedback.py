@@ -47,6 +47,7 @@ class Feedback:
     _slots: SlotWaits
     _first_at: float | None
     _full_from: float | None
+    _paused_until: float
 
     if TYPE_CHECKING:
 
@@ -200,8 +201,15 @@ class Feedback:
             return None  # the refused job's own backoff (see server_full)
         if ticket is not None and ticket.full_probe:
             self._full_from = None  # the test refused: the pause holds
-        elif refusal.probing_full and self._full_from is None:
-            self._full_from = now  # the pause this 429 brings is tested (RateLimiter.answered)
+        elif (
+            exact and refusal.probing_full and self._full_from is None and self._paused_until <= now
+        ):
+            # The pause this 429 brings is tested (RateLimiter.answered); one test a pause (a
+            # 429 in one, in flight with it, tests nothing new). Only a delay the server
+            # named, as LiteLLM's parallel limiter does: behind its router (a bound of 60 s,
+            # or no hint) a test left the learned window's row to stand past the pause, and
+            # 80 more were refused at the minute's count.
+            self._full_from = now
         if refusal.limit is not None:
             self._slots.wake_all()  # senders let go, or held for a probe, book again
         return refusal.wait_s(now, retry_after_s, upper_bound=upper_bound, minute_s=minute_s)
