@@ -115,6 +115,8 @@ def _rows() -> dict[str, Row]:
          lambda t0: fl.GroqDaily(rpd=14_400, rpm=300), ("--rpm", "300"))  # fmt: skip
     pair("f-litellm-429", "no headers, 300 per calendar minute, llm_provider-retry-after", 400,
          lambda t0: fl.Headerless(rpm=300, hint="llm_provider"), ("--rpm", "300"))  # fmt: skip
+    pair("f-retry-after", "no headers, 300 per calendar minute, fractional retry-after", 400,
+         lambda t0: fl.Headerless(rpm=300, hint="retry-after"), ("--rpm", "300"))  # fmt: skip
     pair("g-other-client", "OpenAI bucket 600 rpm, another client at 300 rpm for 30 s", 800,
          lambda t0: fl.OtherClient(fl.OpenAIBucket(rpm=600), rpm=300, start_at=t0,
                                    stop_at=t0 + 30), ("--rpm", "600"))  # fmt: skip
