@@ -179,10 +179,12 @@ def test_a_parallel_limit_found_is_held_not_probed_into_again_and_again() -> Non
     # LiteLLM's max_parallel_requests of 8 at 0.2 s: a cut back to 0.7 of what was out,
     # then probes over the limit every few rounds, drew 7% of the calls in 429s at 0.75 of the
     # throughput. Now the cut goes back to the most a round had with no 429, and nothing over
-    # it is tried for 30 s.
+    # it is tried for 30 s: the cut goes to the most the 429 allows (refused with 8 out: no
+    # more than 8), and the cycle does not drain below a limit held there, where the server
+    # queued nothing (cut from startup's 9 to 6, then drains to 7: 1.03 of the least).
     run, _ = simulate(1000, _fixed(0.2), 5_000, refuse_over=8)
     least = 5_000 / 8 * 0.2
-    assert run.took_s <= 1.1 * least
+    assert run.took_s <= 1.02 * least
     assert 7 <= statistics.median(run.settled()) <= 8
     later = [t for t in run.refused if t >= 10.0]
     assert len(later) <= 0.005 * 5_000  # a probe over it now and then, every 30 s

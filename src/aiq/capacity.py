@@ -119,7 +119,8 @@ class CapacityProbe:
         self._cut = False  # the limit was last set by a cut
         self._drains = 0  # drain rounds so far
         self._clean = 0  # the most in a round with no 429
-        self._over_until = -math.inf  # cut to _clean by 429s: not probed over it till then
+        self._over_until = -math.inf  # cut by 429s to _held: not probed over it till then
+        self._held = 0
         self._begin(clock())
 
     def _begin(self, now: float) -> None:
@@ -185,12 +186,17 @@ class CapacityProbe:
         if self._clean >= self.limit:
             self._clean = 0  # the server took less than it did
         cut = math.floor(_CUT * min(in_flight, self.limit))
-        if self._clean > cut:
-            # A round a little lower had no 429: a parallel limit between the two. Back to
-            # that, and no probe over it for a while (a limit of 8 probed at 10 every few
+        # Refused with this many of ours out: a parallel limit is no more than that.
+        most = min(in_flight - 1, self.limit)
+        if self._clean > cut or 2 * self._clean >= most > cut:
+            # A round a little lower had no 429: a parallel limit between the two. Up to the
+            # most the 429 allows (from startup's 9 at a limit of 8, a cut to 6 and a hold
+            # there cost a batch of 1,000 a second), or the round with none if that is
+            # more; and no probe over it for a while (a limit of 8 probed at 10 every few
             # seconds drew 7% of the calls in 429s, at 0.75 of its throughput). Random 429s
             # leave no such round near (a few in a large round of a large server).
-            cut, self._over_until = self._clean, now + _REPROBE_S
+            cut = max(self._clean, most if 2 * self._clean >= most else 0)
+            self._held, self._over_until = cut, now + _REPROBE_S
         changed = self._set(max(1, cut), now)
         self._cut = True
         return changed
@@ -348,8 +354,10 @@ class CapacityProbe:
         base = max(1, round(estimate))
         if gain > 1:
             return self._set(max(base + 1, math.ceil(estimate * gain)), now, estimate)
-        if gain < 1 and estimate >= _FULL * self._ceiling:
-            gain = 1.0  # the probe was held at the ceiling: it built no queue to drain
+        if gain < 1 and (estimate >= _FULL * self._ceiling or now < self._over_until):
+            # The probe was held at the ceiling, or at the limit 429s found (a server that
+            # refuses what it cannot take queues none): it built no queue to drain.
+            gain = 1.0
         if gain < 1:
             self._drains += 1
             if self._drains % _DEEP == 1:
@@ -369,7 +377,7 @@ class CapacityProbe:
         self._cut = False
         new = min(wanted, self._ceiling)
         if now < self._over_until:
-            new = min(new, self._clean)
+            new = min(new, self._held)
         self._begin(now)
         if new == self.limit:
             return False
