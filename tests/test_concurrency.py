@@ -220,6 +220,44 @@ def test_with_no_limit_known_the_capacity_found_sizes_it() -> None:
     assert cut < grown
 
 
+def test_a_sender_one_too_many_for_a_full_server_holds_its_place_until_the_cut() -> None:
+    # Refused by a full server, a sender waits out its job's backoff (else the next job
+    # would go into the same full server at once), but no longer than until 429s cut the
+    # size, which counts it: held past that, the refused held places in the new size.
+    now = 0.0
+    auto = AutoConcurrency(Limiters(), 256, clock=lambda: now)
+
+    async def scenario() -> tuple[float, float, float]:
+        nonlocal now
+        loop = asyncio.get_running_loop()
+        for _ in range(200):  # a server that takes any number in 1 s: it grows
+            now += 1.0 / max(1, auto.size)
+            auto.observe(1.0, in_flight=auto.size)
+        assert auto.size > 8
+        started = loop.time()
+        await auto.one_too_many(auto.cuts, 0.05)  # no cut: the whole backoff
+        held = loop.time() - started
+        before = auto.cuts
+        waiting = asyncio.create_task(auto.one_too_many(before, 30.0))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        for _ in range(100):  # a burst of 429s: cut
+            if auto.refused(in_flight=auto.size):
+                break
+        assert auto.cuts == before + 1
+        started = loop.time()
+        await asyncio.wait_for(waiting, 1)
+        woken = loop.time() - started
+        started = loop.time()
+        await auto.one_too_many(before, 30.0)  # sent before a cut that has come: no wait
+        return held, woken, loop.time() - started
+
+    held, woken, after = asyncio.run(scenario())
+    assert held >= 0.045
+    assert woken < 0.5
+    assert after < 0.01
+
+
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(

@@ -20,7 +20,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 from .capacity import CapacityProbe
 from .limiters import Limiters
@@ -141,6 +141,8 @@ class AutoConcurrency:
         self._open = False  # stopping: every sender goes through
         self._sized_at = -math.inf
         self._first_at: float | None = None  # when the first sender went through
+        self.cuts = 0  # times 429s cut the size
+        self._cut = asyncio.Event()  # set (and replaced) at each cut
 
     @property
     def senders(self) -> int:
@@ -202,7 +204,22 @@ class AutoConcurrency:
         that changed ``size``."""
         if not self._unpaced() or not self._probe.cut(in_flight):
             return False
+        self.cuts += 1
+        self._cut.set()
+        self._cut = asyncio.Event()
         return self._resize(self._clock(), self._latency.high_s)
+
+    async def one_too_many(self, cuts: int, seconds: float) -> None:
+        """A sender refused by a full server (a 429 while no limit is known, its request
+        sent when ``cuts`` was :attr:`cuts`) was one too many: it holds its place for
+        ``seconds`` (its job's backoff), or it would send the next job into the same full
+        server at once, a 429 a millisecond; but only until the size is cut, which counts
+        it. Held past the cut, ten refused in startup held ten of a new size of eight, and
+        five went for a second (LiteLLM's parallel limit of 8)."""
+        if self.cuts != cuts or seconds <= 0:
+            return
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self._cut.wait(), seconds)
 
     def tick(self) -> bool:
         """Now and then, from the worker: until the first reply, the latency is at least the

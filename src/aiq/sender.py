@@ -148,6 +148,7 @@ class Sender:
             limiter.refund(ticket)
             return  # stopped while the limiter (or the cost cap) held us: not sent
         progress = self._progress
+        cuts = 0 if self._auto is None else self._auto.cuts
         progress.in_flight += 1
         if progress.in_flight > progress.max_in_flight:
             progress.max_in_flight = progress.in_flight
@@ -173,7 +174,11 @@ class Sender:
             # A full server's 429: this sender was one too many. It waits out the job's
             # backoff before taking another (the others go on), or it would send the next job
             # into the same full server at once, a 429 a millisecond.
-            await asyncio.sleep(max(0.0, outcome.next_at - self._wall()))
+            wait_s = max(0.0, outcome.next_at - self._wall())
+            if self._auto is None:
+                await asyncio.sleep(wait_s)
+            else:
+                await self._auto.one_too_many(cuts, wait_s)
 
     async def _acquire(
         self, job: Job, limiter: RateLimiter, cost: tokens.TokenCost | None
