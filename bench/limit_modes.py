@@ -31,6 +31,7 @@ the suffix hold more jobs than the burst, so the limit's own pace is what they m
 
     .venv/bin/python bench/limit_modes.py                     # every row, once
     .venv/bin/python bench/limit_modes.py --rows a-openai-configured,b-per-second-learned
+    .venv/bin/python bench/limit_modes.py --src /tmp/base/src   # another checkout, for A/B
 """
 
 from __future__ import annotations
@@ -190,14 +191,14 @@ def least_s(row: Row, t0: float, start: float) -> float:
     return least
 
 
-def run_once(row: Row, workdir: Path, timeout_s: float) -> Result:
+def run_once(row: Row, workdir: Path, timeout_s: float, src: Path = ROOT / "src") -> Result:
     prompts = workdir / "prompts.jsonl"
     with prompts.open("w") as f:
         for i in range(row.jobs):
             f.write(json.dumps({"custom_id": f"q{i}", "prompt": f"Item {i}: say hi"}) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIQ_", "OPENAI_", "ANTH"))}
     env.update({"OPENAI_API_KEY": API_KEY, "ANTHROPIC_API_KEY": API_KEY, "NO_COLOR": "1"})
-    env["PYTHONPATH"] = str(ROOT / "src")
+    env["PYTHONPATH"] = str(src)
     t0 = time.time()
     mono_to_wall = time.time() - time.monotonic()
     server = FakeServer(limit_mode=row.mode(t0), latency_s=row.latency_s, record=True)
@@ -283,16 +284,21 @@ def main() -> None:
     parser.add_argument(
         "--timeline", action="store_true", help="print each run's requests second by second"
     )
+    parser.add_argument(
+        "--src", type=Path, default=ROOT / "src", help="aiq from another checkout's src/ (A/B)"
+    )
     args = parser.parse_args()
     head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ["git", "-C", str(args.src), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     print(f"aiq at {head}, python {sys.version.split()[0]}, load average {os.getloadavg()}")
     results = {}
     for name in args.rows.split(","):
         print(f"  {name}: {ROWS[name].description}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="aiq-modes-") as tmp:
-            results[name] = run_once(ROWS[name], Path(tmp), args.timeout)
+            results[name] = run_once(ROWS[name], Path(tmp), args.timeout, args.src)
         r = results[name]
         print(
             f"    efficiency {r.efficiency:.3f}, {r.done}/{ROWS[name].jobs} done, "
