@@ -116,9 +116,10 @@ def test_a_slow_steady_server_is_never_cut(tmp_path: Path) -> None:
 
 def test_a_hang_among_the_first_calls_is_cut_once_the_timeout_is_learned(tmp_path: Path) -> None:
     """The first call hangs before any latency is known: it went with the ceiling alone, and
-    is cut as soon as the replies after it teach the model's timeout, then sent again."""
+    is cut as soon as the replies after it teach the model's timeout, then sent again. (One
+    call in 60: in a batch of 12 it would be a slow twelfth, not a hang: OUT_SHARE.)"""
     path = tmp_path / "in.jsonl"
-    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(12)])
+    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(60)])
     calls: list[str] = []
 
     async def handler(request: httpx.Request) -> httpx.Response:
@@ -133,8 +134,31 @@ def test_a_hang_among_the_first_calls_is_cut_once_the_timeout_is_learned(tmp_pat
     began = time.monotonic()
     worker, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=4))
     assert time.monotonic() - began < 5
-    assert stats.counts["done"] == 12 and stats.timeouts == 1
+    assert stats.counts["done"] == 60 and stats.timeouts == 1
     assert worker.progress.timeouts == 1 and calls.count("q0") == 2
+
+
+def test_a_burst_whose_first_replies_are_fast_cuts_none_of_its_slow_ones(tmp_path: Path) -> None:
+    """200 calls at once, answered in 0.1 to 2 s (outputs of different lengths): the first
+    replies are the burst's fastest, and a timeout learned from them (4 x 0.3 s) would cut
+    every call over 1.2 s, half the burst, each billed twice. Counting the calls still out,
+    none is cut."""
+    path = tmp_path / "in.jsonl"
+    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(200)])
+    calls: list[str] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        calls.append(prompt)
+        i = int(prompt[1:])
+        await asyncio.sleep(0.1 + 1.9 * (i * 37 % 200) / 199)  # spread over the batch
+        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
+
+    _, stats = asyncio.run(
+        _run_mocked(tmp_path, path, handler, Timeouts(ceiling_s=600), concurrency=200)
+    )
+    assert stats.counts["done"] == 200
+    assert stats.timeouts == 0 and len(calls) == 200, f"{stats.timeouts} cut"
 
 
 def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:

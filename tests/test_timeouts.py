@@ -95,3 +95,51 @@ def test_no_reply_slower_than_the_p99_is_cut(samples: list[float]) -> None:
     learned = t.learned_s("m")
     assert learned is not None
     assert sum(s <= learned for s in samples) >= 0.99 * len(samples)
+
+
+def _burst(latencies: list[float], t: Timeouts) -> list[float]:
+    """Every call sent at 0 (as a full bucket lets a batch go at once), answered in order of
+    latency; the learned timeout each time a reply comes (inf: none, the ceiling)."""
+    order = sorted(latencies)
+    learned = []
+    for i, latency in enumerate(order):
+        out = [0.0] * (len(order) - i - 1)  # the slower ones, still out
+        t.observe("m", latency, now=latency, out=out)
+        learned.append(t.learned_s("m") or float("inf"))
+    return learned
+
+
+@pytest.mark.slow
+@given(
+    low=st.floats(min_value=0.05, max_value=10.0),
+    spread=st.floats(min_value=1.0, max_value=20.0),
+    n=st.integers(min_value=21, max_value=1_000),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_bursts_first_replies_cut_none_of_the_rest(
+    low: float, spread: float, n: int, seed: int
+) -> None:
+    """The first replies of a burst are its fastest: the timeout they would give (4 x 0.6 s
+    of 0.2-4 s) cut half of the burst, billed twice. With the calls still out counted, a
+    timeout is learned only once nearly all are back, and none of the burst is cut by it:
+    any call still out when a timeout is learned is under it."""
+    import random
+
+    rng = random.Random(seed)
+    latencies = [rng.uniform(low, low * spread) for _ in range(n)]
+    learned = _burst(latencies, Timeouts(ceiling_s=1e9))
+    order = sorted(latencies)
+    for i, timeout in enumerate(learned):
+        assert all(later < timeout for later in order[i + 1 :])
+
+
+def test_a_hang_among_many_calls_does_not_hold_the_timeout_back() -> None:
+    # One call in a hundred out far longer than the replies: a hang, not a slow tail.
+    t = Timeouts(ceiling_s=600)
+    for i in range(99):
+        t.observe("m", 0.05, now=1.0 + 0.05 * i, out=[0.0])  # the hang went at 0
+    assert t.learned_s("m") == FLOOR_S
+    t = Timeouts(ceiling_s=600)
+    for i in range(99):  # ten out as long: a slow tenth, not hangs
+        t.observe("m", 0.05, now=1.0 + 0.05 * i, out=[0.0] * 10)
+    assert t.learned_s("m") is None

@@ -94,6 +94,9 @@ class Sender:
         # first reply that teaches it cuts those already past it (a hang among the first
         # calls would otherwise hold its sender for the whole ceiling).
         self._untimed: dict[str | None, dict[asyncio.Timeout, float]] = {}
+        # Every call out, per model, with when it went: a burst's first replies are its
+        # fastest, and those still out say so (aiq.timeouts OUT_SHARE).
+        self._out: dict[str | None, dict[asyncio.Timeout, float]] = {}
         # Calls under a learned timeout -> when it cuts them; one sweep checks them all
         # (see _send_timed).
         self._deadlines: dict[asyncio.Timeout, float] = {}
@@ -343,6 +346,7 @@ class Sender:
             # ~4% of aiq's CPU in the timer heap. A learned limit is kept in _deadlines, and
             # one sweep every _SWEEP_S cuts the calls past it the way asyncio.timeout would.
             async with asyncio.timeout(None) as bound:
+                marks = None
                 if limit_s is not None:
                     marks = self._deadlines
                     marks[bound] = start + limit_s
@@ -351,12 +355,14 @@ class Sender:
                 elif untimed is not None:
                     marks = untimed
                     marks[bound] = start
-                else:
-                    return await self._provider.send(job.endpoint, job.body)
+                out = self._out.setdefault(model, {})
+                out[bound] = start
                 try:
                     return await self._provider.send(job.endpoint, job.body)
                 finally:
-                    marks.pop(bound, None)
+                    del out[bound]
+                    if marks is not None:
+                        marks.pop(bound, None)
         except TimeoutError:
             self._cuts[job.id] = self._cuts.get(job.id, 0) + 1
             took_s = loop.time() - start
@@ -383,7 +389,9 @@ class Sender:
         """Feed a reply's latency to the timeouts; once the model's is known, cut the calls
         sent before it that have run past it."""
         assert self._timeouts is not None
-        self._timeouts.observe(model, latency_s)
+        out = self._out.get(model, {})
+        now = asyncio.get_running_loop().time()
+        self._timeouts.observe(model, latency_s, now=now, out=out.values())
         untimed = self._untimed.get(model)
         if untimed and (limit_s := self._timeouts.timeout_s(model)) is not None:
             for bound, start in untimed.items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 
 # Never cut sooner. It binds only where the p99 is under FLOOR_S / MULTIPLE (125 ms: an
@@ -35,6 +36,14 @@ MIN_SAMPLES = 20  # replies before the p99 is trusted; until then the ceiling ap
 WINDOW = 256  # the latest replies: a model that slows down is followed within a few hundred
 ESCALATE = 4.0  # per cut of the same job
 _EVERY = 16  # samples between recomputing the percentile (a sort of WINDOW values)
+# A percentile of the replies is trusted only while at most this share of the calls sent
+# outlasts it, as the Kaplan-Meier estimate has it from the replies and the calls still out
+# (each at least as long as it has been out). The first replies of a burst are its fastest:
+# of 300 sent at once taking 0.2-4 s, the first 20 gave a p99 of 0.6 s, and 148 of the 300
+# were cut at 2.4 s and sent again (billed twice: a call cut is still generated). One in
+# twenty: a hang in a hundred calls (one still out) is cut, a slow twentieth is not.
+OUT_SHARE = 0.05
+_NEAR = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +69,7 @@ class _Latencies:
         self._since = 0  # samples since the timeout was last computed
         self.timeout_s: float | None = None  # None: too few samples, the ceiling applies
 
-    def add(self, latency_s: float) -> None:
+    def add(self, latency_s: float, now: float, out: Collection[float]) -> None:
         self._samples.append(latency_s)
         self._since += 1
         n = len(self._samples)
@@ -69,7 +78,29 @@ class _Latencies:
             self._since = 0
             ranked = sorted(self._samples)
             p = ranked[max(0, math.ceil(self._rule.percentile * n) - 1)]  # nearest rank
-            self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p)
+            if out and _outlasting(ranked, [now - started for started in out], p) > OUT_SHARE:
+                self.timeout_s = None  # the replies so far are the fast ones (OUT_SHARE)
+            else:
+                self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p)
+
+
+def _outlasting(ranked: list[float], censored: list[float], at_s: float) -> float:
+    """The Kaplan-Meier estimate of the share of calls taking longer than ``at_s``, from
+    replies' latencies (``ranked``, sorted) and calls still out (``censored``: how long each
+    has been out so far). A call out nearly as long as a reply took (_NEAR) is taken to
+    outlast it: a burst's calls still out went a moment after the replies that set the
+    percentile, and have been out a moment less."""
+    censored.sort()
+    share, at_risk, gone = 1.0, len(ranked) + len(censored), 0
+    for latency in ranked:
+        if latency > at_s:
+            break
+        while gone < len(censored) and censored[gone] < _NEAR * latency:
+            gone += 1  # out for less than this: no longer known to be at risk
+            at_risk -= 1
+        share *= 1.0 - 1.0 / at_risk
+        at_risk -= 1
+    return share
 
 
 class Timeouts:
@@ -82,13 +113,21 @@ class Timeouts:
         self.rule = rule
         self._models: dict[str | None, _Latencies] = {}
 
-    def observe(self, model: str | None, latency_s: float) -> None:
+    def observe(
+        self,
+        model: str | None,
+        latency_s: float,
+        *,
+        now: float = 0.0,
+        out: Collection[float] = (),
+    ) -> None:
         """A call to ``model`` got its reply after ``latency_s``. Successful replies only: a
-        429 or a 500 comes back at once, and would make the generations look fast."""
+        429 or a 500 comes back at once, and would make the generations look fast. ``out``:
+        when the model's calls still out were sent, on the clock ``now`` reads (OUT_SHARE)."""
         m = self._models.get(model)
         if m is None:
             m = self._models[model] = _Latencies(self.rule)
-        m.add(latency_s)
+        m.add(latency_s, now, out)
 
     def learned_s(self, model: str | None) -> float | None:
         """The timeout the latencies give ``model``, under the ceiling; None before enough."""
