@@ -9,7 +9,10 @@ the first case cuts it and sends it again, billed each time. So each model gets 
 once it has MIN_SAMPLES replies, and never above the ceiling (``--timeout``, 600 s by default,
 as the official OpenAI and Anthropic SDKs wait). Before that the ceiling alone applies. Only
 replies that came back are samples: a call cut short has no latency, and counting hangs as
-samples would lift the percentile into the hangs it is meant to cut.
+samples would lift the percentile into the hangs it is meant to cut. But the calls still out
+are weighed (OUT_SHARE): the first replies of a burst are its fastest, so while more than
+one call in twenty outlasts their p99, as far as the Kaplan-Meier estimate can tell, nothing
+is learned from them.
 
 A job cut by the learned timeout gets ``ESCALATE`` times as long on its next attempt, and its
 last attempt the whole ceiling, so a prompt that is merely slower than the rest (a long
