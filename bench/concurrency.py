@@ -39,9 +39,9 @@ API_KEY = "sk-test"
 class SpreadServer(FakeServer):
     """A FakeServer whose latency is drawn for each request: uniform in mean ± spread."""
 
-    def __init__(self, *, mean_s: float, spread_s: float, **knobs: object) -> None:
+    def __init__(self, *, mean_s: float, spread_s: float, seed: int = 0, **knobs: object) -> None:
         self._mean_s, self._spread_s = mean_s, spread_s
-        self._rng = random.Random(0)
+        self._rng = random.Random(seed)
         super().__init__(**knobs)  # type: ignore[arg-type]
 
     @property  # type: ignore[override]
@@ -64,6 +64,8 @@ class Scenario:
     aiq_flags: tuple[str, ...] = ()
     hang_rate: float = 0.0  # the share of calls the server never answers (for 30 s)
     per_second: bool = False  # the server enforces rpm per second (modes.PerSecond)
+    learned: bool = False  # OpenAI's bucket (modes.OpenAIBucket), full at start; aiq not told
+    seed: int = 0  # of the latencies drawn
 
 
 SCENARIOS = {
@@ -84,6 +86,17 @@ SCENARIOS = {
         per_second=True,
     ),
     "hang-control": Scenario("as hang, no call hangs", 1000, 0.05, rpm=20_000, per_second=True),
+    # Outputs of different lengths, all at once: the first replies are the fastest, and a
+    # timeout learned from them alone cut half the batch (aiq.timeouts OUT_SHARE).
+    "spread-burst": Scenario(
+        "OpenAI bucket 10,000 RPM, 0.2-4 s latency, 300 at once, aiq told nothing",
+        300,
+        2.1,
+        1.9,
+        rpm=10_000,
+        learned=True,
+        seed=15,  # the first request, sent alone to read the limits, is answered fast
+    ),
     "one-slot-auto": Scenario(
         "one slot (llama.cpp), 0.2 s, no limits, auto", 60, 0.2, max_parallel=1
     ),
@@ -109,14 +122,17 @@ def run(name: str, s: Scenario) -> dict[str, object]:
         knobs: dict[str, object] = {"require_key": API_KEY, "record": True}
         if s.rpm and s.per_second:
             knobs["limit_mode"] = modes.PerSecond(rpm=s.rpm)
+        elif s.rpm and s.learned:
+            knobs["limit_mode"] = modes.OpenAIBucket(rpm=s.rpm)
         elif s.rpm:
             knobs["rpm"] = s.rpm
         if s.max_parallel:
             knobs["max_parallel"] = s.max_parallel
         if s.hang_rate:
             knobs.update(hang_rate=s.hang_rate, hang_s=30.0)
-        with SpreadServer(mean_s=s.mean_s, spread_s=s.spread_s, **knobs) as server:
-            flags = [*s.aiq_flags, *(("--rpm", str(s.rpm)) if s.rpm else ())]
+        with SpreadServer(mean_s=s.mean_s, spread_s=s.spread_s, seed=s.seed, **knobs) as server:
+            told = s.rpm and not s.learned
+            flags = [*s.aiq_flags, *(("--rpm", str(s.rpm)) if told else ())]
             db = str(Path(tmp) / "aiq.db")
             cmd = [sys.executable, "-m", "aiq", "run", str(path), "--base-url", server.base_url,
                    "--model", "gpt-4o-mini", "--json", "--db", db, *flags]  # fmt: skip
