@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -121,15 +122,8 @@ def test_a_hang_among_the_first_calls_is_cut_once_the_timeout_is_learned(tmp_pat
     path = tmp_path / "in.jsonl"
     write_prompts(path, [(f"c{i}", f"q{i}") for i in range(60)])
     calls: list[str] = []
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        prompt = json.loads(request.content)["messages"][-1]["content"]
-        calls.append(prompt)
-        if prompt == "q0" and calls.count("q0") == 1:
-            await asyncio.sleep(30)  # a hang, on the very first call
-        await asyncio.sleep(0.01)
-        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
-
+    # A hang, on the very first call.
+    handler = _answering(calls, lambda p: 30 if p == "q0" and calls.count("q0") == 1 else 0.01)
     timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
     began = time.monotonic()
     worker, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=4))
@@ -146,14 +140,8 @@ def test_a_burst_whose_first_replies_are_fast_cuts_none_of_its_slow_ones(tmp_pat
     path = tmp_path / "in.jsonl"
     write_prompts(path, [(f"c{i}", f"q{i}") for i in range(200)])
     calls: list[str] = []
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        prompt = json.loads(request.content)["messages"][-1]["content"]
-        calls.append(prompt)
-        i = int(prompt[1:])
-        await asyncio.sleep(0.1 + 1.9 * (i * 37 % 200) / 199)  # spread over the batch
-        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
-
+    # (Spread over the batch: prompt i takes 0.1 s plus its share of 1.9 s.)
+    handler = _answering(calls, lambda p: 0.1 + 1.9 * (int(p[1:]) * 37 % 200) / 199)
     _, stats = asyncio.run(
         _run_mocked(tmp_path, path, handler, Timeouts(ceiling_s=600), concurrency=200)
     )
@@ -184,6 +172,19 @@ def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
     assert stats.counts["done"] == 12 and stats.timeouts == 1
     assert timeouts.learned_s("m") == FLOOR_S
     assert len(hung) == 1 and FLOOR_S <= hung[0] < FLOOR_S + _SWEEP_S + 0.15, hung
+
+
+def _answering(calls: list[str], seconds: Callable[[str], float]) -> Any:
+    """A MockTransport handler that notes each call's prompt and answers it after
+    ``seconds(prompt)``."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        calls.append(prompt)
+        await asyncio.sleep(seconds(prompt))
+        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
+
+    return handler
 
 
 async def _run_mocked(
