@@ -117,8 +117,8 @@ def test_a_slow_steady_server_is_never_cut(tmp_path: Path) -> None:
 
 def test_a_hang_among_the_first_calls_is_cut_once_the_timeout_is_learned(tmp_path: Path) -> None:
     """The first call hangs before any latency is known: it went with the ceiling alone, and
-    is cut as soon as the replies after it teach the model's timeout, then sent again. (One
-    call in 60: in a batch of 12 it would be a slow twelfth, not a hang: OUT_SHARE.)"""
+    is cut as soon as the replies after it teach the model's timeout, then sent again. (60
+    calls: among the 12 sent with it, it is a slow twelfth, not a hang: OUT_SHARE.)"""
     path = tmp_path / "in.jsonl"
     write_prompts(path, [(f"c{i}", f"q{i}") for i in range(60)])
     calls: list[str] = []

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
+import math
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -97,16 +101,42 @@ def test_no_reply_slower_than_the_p99_is_cut(samples: list[float]) -> None:
     assert sum(s <= learned for s in samples) >= 0.99 * len(samples)
 
 
-def _burst(latencies: list[float], t: Timeouts) -> list[float]:
-    """Every call sent at 0 (as a full bucket lets a batch go at once), answered in order of
-    latency; the learned timeout each time a reply comes (inf: none, the ceiling)."""
-    order = sorted(latencies)
-    learned = []
-    for i, latency in enumerate(order):
-        out = [0.0] * (len(order) - i - 1)  # the slower ones, still out
-        t.observe("m", latency, now=latency, out=out)
-        learned.append(t.learned_s("m") or float("inf"))
-    return learned
+def _run(sent: list[float], latencies: list[float], until: float) -> tuple[Timeouts, int, int]:
+    """Calls sent at ``sent`` taking ``latencies`` (inf: a hang), as the sender feeds the
+    timeouts (each send, each reply with the calls still out), on a fake clock to ``until``.
+    Returns the timeouts, how many calls a learned timeout cut that would have been
+    answered, and how many hangs still out have a deadline (the sender's: the timeout at
+    their send, or the first one learned for those sent before it)."""
+    t = Timeouts(ceiling_s=600)
+    events = [(at, 0, i) for i, at in enumerate(sent)]
+    heapq.heapify(events)
+    out: dict[int, float] = {}
+    deadline: dict[int, float] = {}
+    untimed: set[int] = set()
+    cut = 0
+    while events and events[0][0] <= until:
+        now, kind, i = heapq.heappop(events)
+        if kind == 0:  # sent
+            t.sending("m", now)
+            out[i] = now
+            limit = t.timeout_s("m")
+            if limit is None:
+                untimed.add(i)
+            else:
+                deadline[i] = now + limit
+            if latencies[i] < math.inf:
+                heapq.heappush(events, (now + latencies[i], 1, i))
+            continue
+        del out[i]  # answered
+        untimed.discard(i)
+        cut += deadline.pop(i, math.inf) < now
+        t.observe("m", latencies[i], now=now, out=list(out.values()))
+        if (limit := t.timeout_s("m")) is not None:
+            for j in untimed:
+                deadline[j] = sent[j] + limit
+            untimed.clear()
+    hangs = sum(1 for i in out if latencies[i] == math.inf and i in deadline)
+    return t, cut, hangs
 
 
 @pytest.mark.slow
@@ -119,27 +149,46 @@ def _burst(latencies: list[float], t: Timeouts) -> list[float]:
 def test_a_bursts_first_replies_cut_none_of_the_rest(
     low: float, spread: float, n: int, seed: int
 ) -> None:
-    """The first replies of a burst are its fastest: the timeout they would give (4 x 0.6 s
-    of 0.2-4 s) cut half of the burst, billed twice. With the calls still out counted, a
-    timeout is learned only once nearly all are back, and none of the burst is cut by it:
-    any call still out when a timeout is learned is under it."""
-    import random
-
+    """The first replies of a burst are its fastest: the timeout they gave (4 x 0.6 s of
+    0.2-4 s) cut half of the burst, each billed twice. Now a timeout is learned only once
+    nearly all the burst is back, and none of it is cut."""
     rng = random.Random(seed)
     latencies = [rng.uniform(low, low * spread) for _ in range(n)]
-    learned = _burst(latencies, Timeouts(ceiling_s=1e9))
-    order = sorted(latencies)
-    for i, timeout in enumerate(learned):
-        assert all(later < timeout for later in order[i + 1 :])
+    t, cut, _ = _run([0.0] * n, latencies, until=math.inf)
+    assert cut == 0
+    assert t.learned_s("m") is not None  # (once they are back)
 
 
-def test_a_hang_among_many_calls_does_not_hold_the_timeout_back() -> None:
-    # One call in a hundred out far longer than the replies: a hang, not a slow tail.
-    t = Timeouts(ceiling_s=600)
-    for i in range(99):
-        t.observe("m", 0.05, now=1.0 + 0.05 * i, out=[0.0])  # the hang went at 0
-    assert t.learned_s("m") == FLOOR_S
-    t = Timeouts(ceiling_s=600)
-    for i in range(99):  # ten out as long: a slow tenth, not hangs
-        t.observe("m", 0.05, now=1.0 + 0.05 * i, out=[0.0] * 10)
-    assert t.learned_s("m") is None
+@pytest.mark.parametrize(
+    ("rate", "low", "high", "until"),
+    [(100, 15.0, 25.0, 80.0), (500, 2.0, 4.0, 20.0)],
+    ids=["6,000/min at 20 s ± 5 s", "30,000/min at 3 s ± 1 s"],
+)
+def test_with_thousands_out_at_seconds_of_latency_a_timeout_is_learned(
+    rate: int, low: float, high: float, until: float
+) -> None:
+    # Far more calls out than replies in the window: most of them young, not slow. (Weighed
+    # against the window's replies alone, they held the timeout back for good.)
+    rng = random.Random(0)
+    sent = [i / rate for i in range(int(rate * until))]
+    t, cut, _ = _run(sent, [rng.uniform(low, high) for _ in sent], until)
+    assert t.learned_s("m") == pytest.approx(4 * high, rel=0.02)
+    assert cut == 0
+
+
+def test_hangs_one_call_in_a_hundred_are_all_cut() -> None:
+    rng = random.Random(0)
+    sent = [i / 333 for i in range(5_000)]
+    latencies = [math.inf if rng.random() < 0.01 else 0.05 for _ in sent]
+    t, cut, hangs = _run(sent, latencies, until=sent[-1])
+    assert t.learned_s("m") == FLOOR_S and cut == 0
+    assert hangs == sum(lat == math.inf for lat in latencies) > 20
+
+
+def test_a_long_tail_is_not_cut() -> None:
+    # Exponential latencies, mean 3 s: the first replies alone gave 4 x 0.6 s, and 152 of
+    # 20,000 calls were cut.
+    rng = random.Random(1)
+    sent = [i / 200 for i in range(12_000)]
+    _, cut, _ = _run(sent, [rng.expovariate(1 / 3) for _ in sent], until=sent[-1] + 60)
+    assert cut == 0

@@ -357,6 +357,7 @@ class Sender:
                     marks[bound] = start
                 out = self._out.setdefault(model, {})
                 out[bound] = start
+                timeouts.sending(model, start)
                 try:
                     return await self._provider.send(job.endpoint, job.body)
                 finally:

@@ -11,8 +11,8 @@ as the official OpenAI and Anthropic SDKs wait). Before that the ceiling alone a
 replies that came back are samples: a call cut short has no latency, and counting hangs as
 samples would lift the percentile into the hangs it is meant to cut. But the calls still out
 are weighed (OUT_SHARE): the first replies of a burst are its fastest, so while more than
-one call in twenty outlasts their p99, as far as the Kaplan-Meier estimate can tell, nothing
-is learned from them.
+one in twenty of the calls sent long enough ago (between 10 and 0.9 times that p99) is still
+out, nothing is learned from them.
 
 A job cut by the learned timeout gets ``ESCALATE`` times as long on its next attempt, and its
 last attempt the whole ceiling, so a prompt that is merely slower than the rest (a long
@@ -22,6 +22,7 @@ and the timeout follows it. Pure: the caller measures time and sends; tests feed
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Collection
@@ -39,14 +40,17 @@ MIN_SAMPLES = 20  # replies before the p99 is trusted; until then the ceiling ap
 WINDOW = 256  # the latest replies: a model that slows down is followed within a few hundred
 ESCALATE = 4.0  # per cut of the same job
 _EVERY = 16  # samples between recomputing the percentile (a sort of WINDOW values)
-# A percentile of the replies is trusted only while at most this share of the calls sent
-# outlasts it, as the Kaplan-Meier estimate has it from the replies and the calls still out
-# (each at least as long as it has been out). The first replies of a burst are its fastest:
-# of 300 sent at once taking 0.2-4 s, the first 20 gave a p99 of 0.6 s, and 148 of the 300
-# were cut at 2.4 s and sent again (billed twice: a call cut is still generated). One in
-# twenty: a hang in a hundred calls (one still out) is cut, a slow twentieth is not.
+# A percentile p of the replies is trusted only if, of the calls sent between _SPAN x p and
+# _NEAR x p ago, at most this share is still out (out so long, each is slower than p; a p99
+# leaves about 1% of them out). The first replies of a burst are its fastest: of 300 sent at
+# once taking 0.2-4 s, the first 20 gave a p99 of 0.6 s, and 148 of the 300 were cut at
+# 2.4 s and sent again (billed twice: a call cut is still generated). One in twenty: a hang
+# in a hundred calls is cut, a slow twentieth is not. (_NEAR: a burst's calls still out went
+# a moment after the replies that set p, and have been out a moment less.)
 OUT_SHARE = 0.05
 _NEAR = 0.9
+_SPAN = 10.0
+_SENT = 100_000  # send times kept at most, per model
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +68,12 @@ class TimeoutRule:
 class _Latencies:
     """One model's recent reply latencies and the timeout they give."""
 
-    __slots__ = ("_rule", "_samples", "_since", "timeout_s")
+    __slots__ = ("_rule", "_samples", "_sent", "_since", "timeout_s")
 
     def __init__(self, rule: TimeoutRule) -> None:
         self._rule = rule
         self._samples: deque[float] = deque(maxlen=rule.window)
+        self._sent: deque[float] = deque(maxlen=_SENT)  # when its recent calls went, in order
         self._since = 0  # samples since the timeout was last computed
         self.timeout_s: float | None = None  # None: too few samples, the ceiling applies
 
@@ -81,29 +86,24 @@ class _Latencies:
             self._since = 0
             ranked = sorted(self._samples)
             p = ranked[max(0, math.ceil(self._rule.percentile * n) - 1)]  # nearest rank
-            if out and _outlasting(ranked, [now - started for started in out], p) > OUT_SHARE:
+            if self._still_out(now, p, out) > OUT_SHARE:
                 self.timeout_s = None  # the replies so far are the fast ones (OUT_SHARE)
             else:
                 self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p)
 
+    def sent(self, at: float) -> None:
+        self._sent.append(at)
 
-def _outlasting(ranked: list[float], censored: list[float], at_s: float) -> float:
-    """The Kaplan-Meier estimate of the share of calls taking longer than ``at_s``, from
-    replies' latencies (``ranked``, sorted) and calls still out (``censored``: how long each
-    has been out so far). A call out nearly as long as a reply took (_NEAR) is taken to
-    outlast it: a burst's calls still out went a moment after the replies that set the
-    percentile, and have been out a moment less."""
-    censored.sort()
-    share, at_risk, gone = 1.0, len(ranked) + len(censored), 0
-    for latency in ranked:
-        if latency > at_s:
-            break
-        while gone < len(censored) and censored[gone] < _NEAR * latency:
-            gone += 1  # out for less than this: no longer known to be at risk
-            at_risk -= 1
-        share *= 1.0 - 1.0 / at_risk
-        at_risk -= 1
-    return share
+    def _still_out(self, now: float, p: float, out: Collection[float]) -> float:
+        """The share still out of the calls sent between _SPAN x ``p`` and _NEAR x ``p``
+        ago (0 when the caller keeps no send times)."""
+        sent, since, until = self._sent, now - _SPAN * p, now - _NEAR * p
+        while sent and sent[0] < since:
+            sent.popleft()
+        went = bisect.bisect_right(sent, until)
+        if not went:
+            return 0.0
+        return sum(1 for at in out if since <= at <= until) / went
 
 
 class Timeouts:
@@ -126,11 +126,19 @@ class Timeouts:
     ) -> None:
         """A call to ``model`` got its reply after ``latency_s``. Successful replies only: a
         429 or a 500 comes back at once, and would make the generations look fast. ``out``:
-        when the model's calls still out were sent, on the clock ``now`` reads (OUT_SHARE)."""
+        when the model's calls still out were sent (as :meth:`sending` was told), on the
+        clock ``now`` reads (OUT_SHARE)."""
         m = self._models.get(model)
         if m is None:
             m = self._models[model] = _Latencies(self.rule)
         m.add(latency_s, now, out)
+
+    def sending(self, model: str | None, at: float) -> None:
+        """A call to ``model`` goes at ``at`` (the clock ``observe``'s ``now`` reads)."""
+        m = self._models.get(model)
+        if m is None:
+            m = self._models[model] = _Latencies(self.rule)
+        m.sent(at)
 
     def learned_s(self, model: str | None) -> float | None:
         """The timeout the latencies give ``model``, under the ceiling; None before enough."""
