@@ -128,17 +128,17 @@ class Timeouts:
         429 or a 500 comes back at once, and would make the generations look fast. ``out``:
         when the model's calls still out were sent (as :meth:`sending` was told), on the
         clock ``now`` reads (OUT_SHARE)."""
-        m = self._models.get(model)
-        if m is None:
-            m = self._models[model] = _Latencies(self.rule)
-        m.add(latency_s, now, out)
+        self._model(model).add(latency_s, now, out)
 
     def sending(self, model: str | None, at: float) -> None:
         """A call to ``model`` goes at ``at`` (the clock ``observe``'s ``now`` reads)."""
+        self._model(model).sent(at)
+
+    def _model(self, model: str | None) -> _Latencies:
         m = self._models.get(model)
         if m is None:
             m = self._models[model] = _Latencies(self.rule)
-        m.sent(at)
+        return m
 
     def learned_s(self, model: str | None) -> float | None:
         """The timeout the latencies give ``model``, under the ceiling; None before enough."""
