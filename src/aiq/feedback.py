@@ -150,6 +150,22 @@ class Feedback:
         end before its time, so the refused job is held by it, not by its own wait."""
         return self._full_from is not None
 
+    def _test_pause(self, ticket: Ticket | None, *, exact: bool, now: float) -> None:
+        """Whether the pause a 429 brings is tested by one request (RateLimiter.answered)."""
+        if ticket is not None and ticket.full_probe:
+            self._full_from = None  # the test refused: the pause holds
+        elif (
+            exact
+            and self._refusal.probing_full
+            and self._full_from is None
+            and self._paused_until <= now
+        ):
+            # One test a pause (a 429 in one, in flight with it, tests nothing new). Only a
+            # delay the server named, as LiteLLM's parallel limiter does: behind its router
+            # (a bound of 60 s, or no hint) a test left the learned window's row to stand
+            # past the pause, and 80 more were refused at the minute's count.
+            self._full_from = now
+
     def rate_limited(
         self,
         retry_after_s: float | None = None,
@@ -199,17 +215,7 @@ class Feedback:
         refusal.refused(now, now + ends_in, exact=exact, bound=bound, sent_at=sent_at, met=met)
         if refusal.full:
             return None  # the refused job's own backoff (see server_full)
-        if ticket is not None and ticket.full_probe:
-            self._full_from = None  # the test refused: the pause holds
-        elif (
-            exact and refusal.probing_full and self._full_from is None and self._paused_until <= now
-        ):
-            # The pause this 429 brings is tested (RateLimiter.answered); one test a pause (a
-            # 429 in one, in flight with it, tests nothing new). Only a delay the server
-            # named, as LiteLLM's parallel limiter does: behind its router (a bound of 60 s,
-            # or no hint) a test left the learned window's row to stand past the pause, and
-            # 80 more were refused at the minute's count.
-            self._full_from = now
+        self._test_pause(ticket, exact=exact, now=now)
         if refusal.limit is not None:
             self._slots.wake_all()  # senders let go, or held for a probe, book again
         return refusal.wait_s(now, retry_after_s, upper_bound=upper_bound, minute_s=minute_s)
