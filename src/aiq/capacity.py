@@ -188,15 +188,15 @@ class CapacityProbe:
         cut = math.floor(_CUT * min(in_flight, self.limit))
         # Refused with this many of ours out: a parallel limit is no more than that.
         most = min(in_flight - 1, self.limit)
-        if self._clean > cut or 2 * self._clean >= most > cut:
-            # A round a little lower had no 429: a parallel limit between the two. Up to the
-            # most the 429 allows (from startup's 9 at a limit of 8, a cut to 6 and a hold
-            # there cost a batch of 1,000 a second), or the round with none if that is
-            # more; and no probe over it for a while (a limit of 8 probed at 10 every few
-            # seconds drew 7% of the calls in 429s, at 0.75 of its throughput). Random 429s
-            # leave no such round near (a few in a large round of a large server).
-            cut = max(self._clean, most if 2 * self._clean >= most else 0)
-            self._held, self._over_until = cut, now + _REPROBE_S
+        # A round a little lower had no 429: a parallel limit between the two. Up to the most
+        # the 429 allows (from startup's 9 at a limit of 8, a cut to 6 and a hold there cost
+        # a batch of 1,000 a second), or the round with none if that is more; and no probe
+        # over it for a while (a limit of 8 probed at 10 every few seconds drew 7% of the
+        # calls in 429s, at 0.75 of its throughput). Random 429s leave no such round near (a
+        # few in a large round of a large server).
+        held = max(self._clean, most if 2 * self._clean >= most else 0)
+        if held > cut:
+            cut, self._held, self._over_until = held, held, now + _REPROBE_S
         changed = self._set(max(1, cut), now)
         self._cut = True
         return changed
