@@ -7,7 +7,7 @@ import math
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from aiq.timeouts import FLOOR_S, TimeoutRule, Timeouts
@@ -146,6 +146,8 @@ def _run(sent: list[float], latencies: list[float], until: float) -> tuple[Timeo
     n=st.integers(min_value=21, max_value=1_000),
     seed=st.integers(0, 2**32 - 1),
 )
+# The last 14 of 269 came back between two recomputations of the p99, which held it back.
+@example(low=5.120891843343103, spread=5.120891843343103, n=269, seed=1179)
 def test_a_bursts_first_replies_cut_none_of_the_rest(
     low: float, spread: float, n: int, seed: int
 ) -> None:

@@ -68,13 +68,14 @@ class TimeoutRule:
 class _Latencies:
     """One model's recent reply latencies and the timeout they give."""
 
-    __slots__ = ("_rule", "_samples", "_sent", "_since", "timeout_s")
+    __slots__ = ("_p", "_rule", "_samples", "_sent", "_since", "timeout_s")
 
     def __init__(self, rule: TimeoutRule) -> None:
         self._rule = rule
         self._samples: deque[float] = deque(maxlen=rule.window)
         self._sent: deque[float] = deque(maxlen=_SENT)  # when its recent calls went, in order
         self._since = 0  # samples since the timeout was last computed
+        self._p: float | None = None  # the percentile last computed
         self.timeout_s: float | None = None  # None: too few samples, the ceiling applies
 
     def add(self, latency_s: float, now: float, out: Collection[float]) -> None:
@@ -85,24 +86,40 @@ class _Latencies:
         if n >= self._rule.min_samples and (n < self._rule.window or self._since >= _EVERY):
             self._since = 0
             ranked = sorted(self._samples)
-            p = ranked[max(0, math.ceil(self._rule.percentile * n) - 1)]  # nearest rank
-            if self._still_out(now, p, out) > OUT_SHARE:
-                self.timeout_s = None  # the replies so far are the fast ones (OUT_SHARE)
-            else:
-                self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p)
+            self._p = ranked[max(0, math.ceil(self._rule.percentile * n) - 1)]  # nearest rank
+            trusted = self._still_out(now, self._p, out) <= OUT_SHARE
+        else:
+            # Between recomputations a p held back is checked again, cheaply: a burst's last
+            # replies would otherwise leave it held back until _EVERY more came.
+            p = self._p
+            trusted = (
+                self.timeout_s is None
+                and p is not None
+                and len(out) <= OUT_SHARE * self._went(now, p)
+            )
+            if not trusted:
+                return
+        p = self._p
+        assert p is not None
+        self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p) if trusted else None
 
     def sent(self, at: float) -> None:
         self._sent.append(at)
 
+    def _went(self, now: float, p: float) -> int:
+        """How many calls went between _SPAN x ``p`` and _NEAR x ``p`` ago."""
+        sent, since = self._sent, now - _SPAN * p
+        while sent and sent[0] < since:
+            sent.popleft()
+        return bisect.bisect_right(sent, now - _NEAR * p)
+
     def _still_out(self, now: float, p: float, out: Collection[float]) -> float:
         """The share still out of the calls sent between _SPAN x ``p`` and _NEAR x ``p``
         ago (0 when the caller keeps no send times)."""
-        sent, since, until = self._sent, now - _SPAN * p, now - _NEAR * p
-        while sent and sent[0] < since:
-            sent.popleft()
-        went = bisect.bisect_right(sent, until)
+        went = self._went(now, p)
         if not went:
             return 0.0
+        since, until = now - _SPAN * p, now - _NEAR * p
         return sum(1 for at in out if since <= at <= until) / went
 
 
