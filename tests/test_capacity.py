@@ -22,6 +22,7 @@ from aiq.capacity import CapacityProbe
 class Run:
     limits: list[int] = field(default_factory=list)  # the probe's limit after each reply
     latencies: list[float] = field(default_factory=list)
+    replied: list[float] = field(default_factory=list)  # when each reply came
     most_in_flight: int = 0
     took_s: float = 0.0
     refused: list[float] = field(default_factory=list)  # when each 429 came
@@ -40,11 +41,12 @@ def simulate(
     seed: int = 0,
     refuse_over: int | None = None,
     refuse_share: float = 0.0,
+    more_slots: tuple[float, int] | None = None,
 ) -> tuple[Run, CapacityProbe]:
     """Send ``jobs`` requests to a server with ``slots`` (and, with ``refuse_over``, a 429 for
     any request beyond that many in flight, as a gateway's parallel limit gives; with
-    ``refuse_share``, a 429 for that share of requests at random), keeping the probe's limit
-    in flight."""
+    ``refuse_share``, a 429 for that share of requests at random; with ``more_slots`` (at,
+    slots), that many slots from then on), keeping the probe's limit in flight."""
     rng = random.Random(seed)
     refusals = random.Random(seed + 1)
     now = 0.0
@@ -83,12 +85,15 @@ def simulate(
     while finishing:
         now, _, sent_at = heapq.heappop(finishing)
         busy -= 1
-        if waiting:
+        if more_slots is not None and now >= more_slots[0]:
+            slots, more_slots = more_slots[1], None
+        while waiting and busy < slots:
             serve(waiting.popleft())
         probe.observe(now - sent_at, in_flight)
         in_flight -= 1
         run.limits.append(probe.limit)
         run.latencies.append(now - sent_at)
+        run.replied.append(now)
         send()
     run.took_s = now
     return run, probe
@@ -227,6 +232,25 @@ def test_a_noisy_round_never_ends_a_large_servers_ramp_early() -> None:
     for seed in range(8):
         run, _ = simulate(64, lambda rng: max(0.1, rng.gauss(1.0, 1 / 3)), 5000, seed=seed)
         assert run.took_s <= 1.5 * ideal, (seed, run.took_s)
+
+
+def test_a_server_that_gains_room_is_climbed_to_in_a_few_round_trips() -> None:
+    # Four slots for 10 s, then 200 (another client on the server stopped). Probes of a
+    # quarter each took 13 s to get there; two that find room in a row start startup again.
+    run, _ = simulate(4, _fixed(0.2), 30_000, more_slots=(10.0, 200))
+    reached = next(at for at, limit in zip(run.replied, run.limits, strict=True) if limit >= 150)
+    assert reached - 10.0 <= 5.0, reached
+
+
+def test_a_steady_server_is_not_drained_below_its_slots() -> None:
+    # Latency steady to the millisecond: startup's steps are read exactly, so no queue of a
+    # step the server had no room for stays, and the bar needs no more replies before a
+    # round is called flat. Before, the bar went back from 5 to 3 for more replies, and the
+    # first drain went to 3: 0.937 of the least at four slots of 0.2 s (bench f-four-slots).
+    run, _ = simulate(4, _fixed(0.2), 400)
+    after = run.limits[run.limits.index(4) :]
+    assert min(after) >= 4
+    assert run.took_s <= 400 / 4 * 0.2 / 0.96
 
 
 @settings(max_examples=30, deadline=None)

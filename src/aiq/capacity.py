@@ -34,9 +34,10 @@ row: one noisy round ending it at a small limit left a 1,000-slot server at a te
 for minutes (bench/README "Concurrency").
 
 From then on, one round in each cycle probes a quarter (at least one) above the estimate, so
-capacity gained is found (a probe that finds room probes again), and the next drains a little
-below it (the first and every fourth one below, at least), so the queue the probe built empties
-and min R stays the latency without a queue. A server losing capacity shows as rounds of
+capacity gained is found (a probe that finds room probes again; two in a row start startup
+again from there), and the next drains a little below it (one below, at least, the first
+unless latency is steady and every eighth), so the queue the probe built empties and min R
+stays the latency without a queue. A server losing capacity shows as rounds of
 lower X that replace the old ones in the window. A 429 (a gateway's parallel limit) cuts the
 limit at once.
 
@@ -71,6 +72,9 @@ _NOISE_WEIGHT = 3
 _SAME = 1e-6  # s: sent as the round began (a float's rounding off the round's start)
 _BASE_REPLIES = 12  # startup: replies in the bar before a round may be called flat...
 _STEADY = 0.05  # ...unless their latencies vary by less than this (one in twenty)
+# Replies in the bar before it may be called steady: of six at a spread of 0.3, the chance
+# that they vary by under 0.05 is about three in ten thousand.
+_STEADY_REPLIES = 6
 _WINDOW = 8  # rounds the estimate is taken over
 _MIN_REPLIES = 6  # replies a round takes at least: fewer are mostly noise at a small limit
 # Startup ends after this many rounds in a row that did not grow: one noisy round ending it
@@ -78,7 +82,7 @@ _MIN_REPLIES = 6  # replies a round takes at least: fewer are mostly noise at a 
 # "Concurrency").
 _FLAT_ROUNDS = 2
 _CYCLE = (1.25, 0.9, 1.0, 1.0, 1.0, 1.0)  # after startup, round by round: probe, drain, hold
-_DEEP = 4  # the first drain and every fourth after it goes one below the estimate at least
+_DEEP = 8  # the first drain and every eighth after it goes one below the estimate at least
 _BUSY = 0.75  # a round with fewer in flight than this share of the limit says nothing of it
 _SETTLE = 2  # round trips after a change before measuring
 _FULL = 0.95  # an estimate this near the ceiling: the server took all it was allowed
@@ -88,6 +92,15 @@ _REPROBE_S = 30.0  # a limit 429s cut is not probed again for this long
 # A probe's round this much over the best so far: the server has more room, so the next round
 # probes again rather than drain (growth compounds instead of 25% a six-round cycle).
 _ROOM = 1.15
+# Probes in a row that found room: startup ended too soon (noise made a round look flat), and
+# steps of a quarter would take minutes to reach a large server: startup again from here.
+_RESTART = 2
+
+
+def _relative_variance(n: int, total: float, square: float) -> float:
+    """The variance of ``n`` latencies over their mean squared, from their sum and squares."""
+    mean = total / n
+    return max(0.0, square / n - mean * mean) / (mean * mean)
 
 
 class CapacityProbe:
@@ -118,6 +131,7 @@ class CapacityProbe:
         self._retry = 1  # ...and the limit to try again after them
         self._cut = False  # the limit was last set by a cut
         self._drains = 0  # drain rounds so far
+        self._roomy = 0  # probes in a row that found room
         self._clean = 0  # the most in a round with no 429
         self._over_until = -math.inf  # cut by 429s to _held: not probed over it till then
         self._held = 0
@@ -254,7 +268,7 @@ class CapacityProbe:
             ratio < _DOUBT * error and self._replies < _MOST_FLAT * enough
         ):
             return False
-        if self._base_count < _BASE_REPLIES and self._spread() > _STEADY:
+        if self._base_count < _BASE_REPLIES and not self._steady():
             # Too few replies in the bar to call it flat, at a server whose latency varies
             # (two short ones by chance made a 64-slot server look full at three): back to
             # the last limit that grew for more, then this one afresh.
@@ -335,9 +349,17 @@ class CapacityProbe:
             )
         if n < 2:
             return _NOISE
-        mean = total / n
-        variance = max(0.0, square / n - mean * mean) / (mean * mean)
+        variance = _relative_variance(n, total, square)
         return math.sqrt((n * variance + _NOISE_WEIGHT * _NOISE**2) / (n + _NOISE_WEIGHT))
+
+    def _steady(self) -> bool:
+        """Whether the bar's latencies vary by less than _STEADY, by their own spread: the
+        guess _spread draws towards kept a server steady to the millisecond above it until
+        a hundred replies, and the bar went back for more at every steady server."""
+        n = self._base_count
+        if n < _STEADY_REPLIES:
+            return False
+        return _relative_variance(n, self._base_sum, self._base_sq) < _STEADY**2
 
     def _decide(self, x: float, latency: float, now: float) -> bool:
         if not self._refused:
@@ -349,6 +371,10 @@ class CapacityProbe:
         probed = self._phase == 1  # (the round just measured was the probe's)
         self._phase = (self._phase + 1) % len(_CYCLE)
         roomy = probed and x >= _ROOM * best_before
+        if probed:
+            self._roomy = self._roomy + 1 if roomy else 0
+        if self._roomy >= _RESTART and not self._refused and now >= self._over_until:
+            return self._restart(x, latency, now)
         if roomy:
             gain, self._phase = _CYCLE[0], 1  # the probe found room: probe again, not drain
         base = max(1, round(estimate))
@@ -360,12 +386,20 @@ class CapacityProbe:
             gain = 1.0
         if gain < 1:
             self._drains += 1
-            if self._drains % _DEEP == 1:
+            # A steady server's startup judged each step by exact latencies: no queue of a
+            # step it had no room for stayed, and its first drain need not go below.
+            if self._drains % _DEEP == 1 and (self._drains > 1 or not self._steady()):
                 # One below: at a small limit a tenth less rounds back to the limit itself, and
                 # the queue of startup's last step (two or three at a one-slot server) stayed,
                 # min R never seeing the latency without it.
                 return self._set(max(1, min(round(estimate * gain), base - 1)), now, estimate)
         return self._set(max(1, round(estimate * gain)), now, estimate)
+
+    def _restart(self, x: float, latency: float, now: float) -> bool:
+        """Startup again from the limit whose probe found room (_RESTART)."""
+        self._startup, self._roomy, self._phase = True, 0, 0
+        self._rounds.pop()  # (_grow appends it again, and pools its latencies in the bar)
+        return self._grow(x, latency, now)
 
     def _set(self, wanted: int, now: float, estimate: float | None = None) -> bool:
         # Capped: the server took all the ceiling allowed (or startup would double past it),
