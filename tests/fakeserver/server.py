@@ -41,6 +41,8 @@ from .replies import (
     stopped_short,
 )
 
+BACKLOG = 2048  # uvicorn's default (uvicorn/config.py, Config(backlog=2048); `--backlog`)
+
 
 class FakeServer:
     """An OpenAI-compatible server in a background thread with its own event loop.
@@ -205,7 +207,11 @@ class FakeServer:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, "127.0.0.1", self.port)
+            # The accept queue of the servers modelled: uvicorn's default backlog (vLLM's and
+            # LiteLLM proxy's server), not aiohttp's 128. At 128, 400 connections opened at once
+            # overflowed it whenever the accept loop lagged (a bench process with earlier rows'
+            # garbage): the SYNs dropped were sent again after Linux's 1 s, a straggling tail.
+            site = web.TCPSite(runner, "127.0.0.1", self.port, backlog=BACKLOG)
             await site.start()
             self.port = runner.addresses[0][1]
             if on_ready is not None:
