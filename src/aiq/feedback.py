@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from .booking_log import Booking
 from .budget import CALENDAR_MARGIN_S, WINDOW_S, Budget
 from .ratelimit_headers import RateLimitInfo, StatedLimit
-from .refusal_limit import RefusalLimit
+from .refusal_limit import TURN_MARGIN_S, RefusalLimit
 from .slot_waits import SlotWaits
 from .split_tokens import SplitTokens
 
@@ -200,6 +200,9 @@ class Feedback:
                 return min(retry_after_s, minute_s)
             return retry_after_s
         exact = retry_after_s is not None and not upper_bound
+        # No headers: a turn guessed at the clock's minute is looked at by one request first
+        # (aiq.refusal_limit), so it needs less margin than senders let go into a window.
+        minute_s += TURN_MARGIN_S - CALENDAR_MARGIN_S
         ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
         refusal = self._refusal
         sent_at = ticket.sent_at if ticket is not None else None
