@@ -193,16 +193,16 @@ class Feedback:
         # that comes back after a turn is the last minute's refusal, not the new one's.
         sent_s = min(max(0.0, now - ticket.sent_at), WINDOW_S) if ticket is not None else 0.0
         wall = self._wall() - sent_s
-        minute_s = max(0.0, WINDOW_S - wall % WINDOW_S - sent_s) + CALENDAR_MARGIN_S
+        to_turn_s = max(0.0, WINDOW_S - wall % WINDOW_S - sent_s)
         if self._headers_rule():
             if upper_bound and retry_after_s is not None:
                 # (LiteLLM's router shows its minute's count in headers too, and asks 60 s.)
-                return min(retry_after_s, minute_s)
+                return min(retry_after_s, to_turn_s + CALENDAR_MARGIN_S)
             return retry_after_s
         exact = retry_after_s is not None and not upper_bound
         # No headers: a turn guessed at the clock's minute is looked at by one request first
         # (aiq.refusal_limit), so it needs less margin than senders let go into a window.
-        minute_s += TURN_MARGIN_S - CALENDAR_MARGIN_S
+        minute_s = to_turn_s + TURN_MARGIN_S
         ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s
         refusal = self._refusal
         sent_at = ticket.sent_at if ticket is not None else None

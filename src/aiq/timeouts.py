@@ -82,25 +82,21 @@ class _Latencies:
         self._samples.append(latency_s)
         self._since += 1
         n = len(self._samples)
+        p = self._p
         # Recomputed on every sample until the window is full, then every _EVERY samples.
         if n >= self._rule.min_samples and (n < self._rule.window or self._since >= _EVERY):
             self._since = 0
             ranked = sorted(self._samples)
-            self._p = ranked[max(0, math.ceil(self._rule.percentile * n) - 1)]  # nearest rank
-            trusted = self._still_out(now, self._p, out) <= OUT_SHARE
-        else:
+            p = self._p = ranked[max(0, math.ceil(self._rule.percentile * n) - 1)]  # nearest
+            trusted = self._still_out(now, p, out) <= OUT_SHARE
+        elif (
+            self.timeout_s is None and p is not None and len(out) <= OUT_SHARE * self._went(now, p)
+        ):
             # Between recomputations a p held back is checked again, cheaply: a burst's last
             # replies would otherwise leave it held back until _EVERY more came.
-            p = self._p
-            trusted = (
-                self.timeout_s is None
-                and p is not None
-                and len(out) <= OUT_SHARE * self._went(now, p)
-            )
-            if not trusted:
-                return
-        p = self._p
-        assert p is not None
+            trusted = True
+        else:
+            return
         self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p) if trusted else None
 
     def sent(self, at: float) -> None:
