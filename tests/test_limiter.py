@@ -1055,7 +1055,7 @@ def test_what_is_open_of_the_last_second_is_kept_as_the_walk_would_find_it(
         elif entries:
             entry = entries[int(x) % len(entries)]
             if op == "close":
-                budget.close(entry)
+                budget.close(entry, now)
             elif entry.cost:  # (one taken back is no booking)
                 budget.forget(entry) if op == "forget" else budget.settle(entry, cost)
         naive = sum(e.cost for e in entries if e.open and e.at > now - RECENT_S)

@@ -132,6 +132,15 @@ class BookingLog:
             used -= e.cost
         return max(0.0, used)
 
+    def since(self, start: float) -> float:
+        """What is booked after ``start``, ahead or not (no side effect on what is ahead)."""
+        since = self.sum
+        for e in self._entries:
+            if e.at > start:
+                break
+            since -= e.cost
+        return max(0.0, since)
+
     def ahead(self, now: float) -> float:
         """What is booked after ``now``."""
         if now < self._ahead_now:  # (an earlier time: walked)
@@ -141,11 +150,12 @@ class BookingLog:
                     break
                 ahead += e.cost
             return ahead
-        self._advance(now)
+        self.advance(now)
         return max(0.0, self._ahead_sum)
 
-    def _advance(self, now: float) -> None:
-        """Bookings up to ``now`` are no longer ahead."""
+    def advance(self, now: float) -> None:
+        """Bookings up to ``now`` are no longer ahead (and old ones may leave the log: with
+        no other time asked about, a server with no headers, it would only grow)."""
         if now <= self._ahead_now:
             return
         self._ahead_now = now
@@ -174,7 +184,7 @@ class BookingLog:
     def take_back(self, now: float) -> float:
         """Take back every booking after ``now``; returns what they cost together."""
         log = self._entries
-        self._advance(now)  # (what is after ``now`` is then the ahead entries, if any)
+        self.advance(now)  # (what is after ``now`` is then the ahead entries, if any)
         taken = 0.0
         while log and log[-1].at > now:
             entry = log.pop()

@@ -93,6 +93,10 @@ class Budget(WindowSync):
         self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
         self.presumed = configured  # taken for a bucket full at the start (class docstring)
         self.allowance = 1.0
+        # Presumed: the one request past a minute's worth, while out, and whether one got
+        # through (the server allows more than the limit in a minute: a bucket's refill).
+        self._probe: Booking | None = None
+        self._past_minute = False
         self._opened = 1.0  # the opening when slots booked ahead were last booked again
         self.shown = not configured  # whether headers have shown this limit's own window
         self.stated = False  # a 429 named the limit (:meth:`follow_stated`)
@@ -139,6 +143,8 @@ class Budget(WindowSync):
             else:
                 at = self._cap_until
         if self.presumed:  # a bucket of ``allowance``, refilled at the limit's pace
+            if self._probe is not None and self._beyond_minute(at, cost):
+                return math.inf  # one request looks past a minute's worth; the rest wait
             need = min(cost, self.allowance)
             return max(at, self._own_full_at - (self.allowance - need) / self._refill)
         # In a minute's bucket the pace lets a minute's worth through at once (GCRA's
@@ -161,6 +167,13 @@ class Budget(WindowSync):
         need = min(cost, self._capacity) + self._refill * BUCKET_SKEW_S
         full_at = max(self._own_full_at, self._seen_full_at)
         return max(at, full_at - (self._capacity - need) / self._refill)
+
+    def _beyond_minute(self, at: float, cost: float) -> bool:
+        """Whether a booking at ``at`` puts more than the limit into the last 60 s, where a
+        presumed bucket is not yet known to allow it. A bucket would, with its refill; a
+        calendar minute or a sliding one (LiteLLM's router, most gateways) would refuse all
+        of it, and what a round trip's refill let go was that many 429s: one goes first."""
+        return not self._past_minute and self._log.since(at - WINDOW_S) + cost > self.per_minute
 
     def _pace_at(self, at: float) -> float:
         """The pace's next slot for a booking at ``at``: none owed from before the provider's
@@ -195,7 +208,11 @@ class Budget(WindowSync):
         self._seen_full_at = max(self._seen_full_at, at) + drain
         if at < self._cap_until:
             self._cap_left -= cost
-        return self._log.add(at, cost)
+        probe = self.presumed and self._probe is None and self._beyond_minute(at, cost)
+        entry = self._log.add(at, cost)
+        if probe:
+            self._probe = entry
+        return entry
 
     def used(self, now: float) -> float:
         """What the log holds in the minute ending at ``now`` (bookings after it excluded)."""
@@ -208,13 +225,22 @@ class Budget(WindowSync):
     def forget(self, entry: Booking) -> None:
         """Take a booking out of the window's count, and out of the bucket's drain (the
         provider did not count it); the pace is left as it is."""
+        if entry is self._probe:
+            self._probe = None
         if entry.cost and self._log.holds(entry):
             self._own_full_at -= entry.cost / self._refill
         self._log.adjust(entry, 0.0)
 
-    def close(self, entry: Booking) -> None:
-        """``entry``'s request was answered (or never will be): it has reached the provider."""
+    def close(self, entry: Booking, now: float, *, through: bool = True) -> bool:
+        """``entry``'s request was answered at ``now`` (or never will be): it has reached the
+        provider (``through``: and got through, not refused). True if it was the look past a
+        minute's worth: the senders held for it may go."""
+        self._log.advance(now)
         self._log.close(entry)
+        if entry is not self._probe:
+            return False
+        self._probe, self._past_minute = None, through
+        return True
 
     def settle(self, entry: Booking, cost: float) -> None:
         """The booking really cost ``cost``: correct the log, and the pace by the difference."""

@@ -187,8 +187,12 @@ class Feedback:
         now = self._clock()
         if stated is not None:
             self._follow_stated(stated, now)
+        presumed = False
         for budget in self._budgets():
+            presumed = presumed or budget.presumed
             budget.stop_bursting(now)
+        if presumed:
+            self._slots.wake_all()  # (senders held for a look past a minute's worth book again)
         # The clock's minute turns after the one the refused request was sent in: a reply
         # that comes back after a turn is the last minute's refusal, not the new one's.
         sent_s = min(max(0.0, now - ticket.sent_at), WINDOW_S) if ticket is not None else 0.0

@@ -350,14 +350,17 @@ class RateLimiter(Feedback):
     def answered(self, ticket: Ticket, *, through: bool = True) -> None:
         """The request got an answer other than a 429 (``through``: from the server, which
         counted it), or none at all."""
-        opened = False
+        opened = looked = False
+        now = self._clock()
         for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
             if budget is not None and entry is not None:
-                budget.close(entry)  # it has reached the provider
+                looked = budget.close(entry, now, through=through) or looked  # it went
                 if through and budget.presumed:  # a presumed bucket opens by what got through
                     opened = budget.grow(entry.cost) or opened
         if opened:
-            self._rebook_all(self._clock())
+            self._rebook_all(now)
+        elif looked:
+            self._slots.wake_all()
         if self._headers_rule():
             return  # a limit the provider reports: its 429s teach nothing more
         if self._full_from is not None:
