@@ -1060,3 +1060,21 @@ def test_what_is_open_of_the_last_second_is_kept_as_the_walk_would_find_it(
                 budget.forget(entry) if op == "forget" else budget.settle(entry, cost)
         naive = sum(e.cost for e in entries if e.open and e.at > now - RECENT_S)
         assert budget._log.open_recent(now) == pytest.approx(naive, abs=1e-6)
+
+
+@pytest.mark.parametrize("presumed", [True, False])
+def test_with_no_headers_the_log_keeps_only_its_last_minute(presumed: bool) -> None:
+    """A server that sends no headers asks the log nothing but its answers: they alone let
+    old bookings leave it (a run of millions at a configured limit must not keep them all)."""
+    budget = Budget(600, headroom=1.0)
+    if not presumed:
+        budget.stop_bursting(0.0)
+    now = 0.0
+    for _ in range(6000):  # ten minutes at 10 a second
+        at = budget.ready_at(now, 1)
+        entry = budget.book(at, 1)
+        now = at
+        budget.close(entry, now)
+        budget.grow(1)
+    assert now >= 500
+    assert sum(1 for _ in budget._log) <= 600 + 10
