@@ -195,6 +195,29 @@ def test_a_parallel_limit_found_is_held_not_probed_into_again_and_again() -> Non
     assert len(later) <= 0.005 * 5_000  # a probe over it now and then, every 30 s
 
 
+def test_a_server_found_full_is_held_one_under_where_it_refused() -> None:
+    """A 429's pause tested and the server found full (LiteLLM's parallel limit, refused at
+    9 in startup): 8 from then on, startup over, nothing over it tried for a while."""
+    now = 0.0
+    probe = CapacityProbe(ceiling=1000, clock=lambda: now)
+    probe.limit = 17  # (startup's step past the refused 9, before the pause ended)
+    assert probe.full(9) and probe.limit == 8
+    for _ in range(200):  # a steady 8 at 0.2 s for 5 s: the cycle probes none over it
+        now += 0.025
+        probe.observe(0.2, 8)
+        assert probe.limit == 8
+
+
+def test_each_startup_step_takes_one_round_when_replies_come_back_bunched() -> None:
+    """Replies that come back together (within a tenth of a latency) count for the step
+    their last one set off: the requests sent for the earlier ones went as it changed. From
+    the bunch's second reply only, the step to 9 took a round trip more at five."""
+    run, _ = simulate(8, lambda rng: 0.2 + rng.uniform(0, 0.003), 120, seed=3)
+    steps = [i for i in range(1, len(run.limits)) if run.limits[i] != run.limits[i - 1]]
+    # 3 replies at one, then one round of each limit: 2, 3, 5, 9.
+    assert steps[:5] == [2, 4, 7, 12, 21], steps
+
+
 def test_replies_to_requests_sent_before_a_change_do_not_count_for_it() -> None:
     now = 0.0
     probe = CapacityProbe(ceiling=100, clock=lambda: now)

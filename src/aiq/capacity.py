@@ -126,7 +126,7 @@ class CapacityProbe:
         self._phase = 0
         self._pool_before = False  # startup: replies sent before the round are at a limit that grew
         self._flat_x = 0.0  # startup: the throughput of the last round that did not grow
-        self._prev_reply_at = self._last_reply_at = -math.inf  # startup
+        self._bunch_at = self._last_reply_at = -math.inf  # startup
         self._rebase = 0  # startup: replies wanted back at the last limit that grew
         self._retry = 1  # ...and the limit to try again after them
         self._cut = False  # the limit was last set by a cut
@@ -215,10 +215,26 @@ class CapacityProbe:
         self._cut = True
         return changed
 
+    def full(self, in_flight: int) -> bool:
+        """The server is full at ``in_flight``: a 429's pause was tested, and a request sent
+        through it got through as soon as another ended (a parallel limit: LiteLLM's). One
+        fewer from now, startup over, and none over that for a while: startup's step past it
+        (9 to 17 at a limit of 8) sent eleven into it as the pause ended. True if changed."""
+        now = self._clock()
+        self._startup = False
+        self._rounds.clear()
+        most = max(1, min(in_flight - 1, self.limit))
+        self._held, self._over_until = most, now + _REPROBE_S
+        changed = self._set(most, now)
+        self._cut = True
+        return changed
+
     def _startup_observe(self, latency_s: float, in_flight: int, now: float) -> bool:
         """Startup: a round trip at the limit, and more while the replies leave it in doubt;
         then the next step, or (two rounds that did not grow) the end."""
-        self._prev_reply_at, self._last_reply_at = self._last_reply_at, now
+        if now - self._last_reply_at >= _BUNCH * latency_s:
+            self._bunch_at = now  # the first of replies that come back together
+        self._last_reply_at = now
         if now - latency_s < self._round_at - _SAME:
             # Sent at the old limit: no news of this one. If that one grew, the server took it
             # without a queue, and (first come, first served) the requests sent since do not
@@ -330,11 +346,11 @@ class CapacityProbe:
         # slots is offered one more than it serves, not twice as many; a large one is
         # reached in one round trip more.
         changed = self._set(max(2, 2 * self.limit - 1), now)
-        if now - self._prev_reply_at < _BUNCH * latency:
-            # The reply before this one came back with it, and the request sent for it went
-            # out as the limit changed: it counts for the new one (else, at three, a round
-            # trip more).
-            self._round_at = self._prev_reply_at
+        if self._bunch_at < now:
+            # The replies before this one came back with it, and the requests sent for them
+            # went out as the limit changed: they count for the new one (else, at three, a
+            # round trip more; from the bunch's second reply only, at five another).
+            self._round_at = max(self._bunch_at, now - _BUNCH * latency)
         return changed
 
     def _spread(self) -> float:

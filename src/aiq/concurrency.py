@@ -209,6 +209,27 @@ class AutoConcurrency:
         self._cut = asyncio.Event()
         return self._resize(self._clock(), self._latency.high_s)
 
+    def full(self, in_flight: int) -> bool:
+        """With no limit known, the server was found full at ``in_flight`` (its 429's pause
+        tested: :meth:`CapacityProbe.full`). True if that changed ``size``."""
+        if not self._unpaced() or not self._probe.full(in_flight):
+            return False
+        self.cuts += 1
+        self._cut.set()
+        self._cut = asyncio.Event()
+        return self._resize(self._clock(), self._latency.high_s)
+
+    @property
+    def over(self) -> bool:
+        """Whether more senders are past the gate, and not waiting in a limiter's pace, than
+        ``size`` allows: it was cut while they waited (in a 429's pause, which holds them)."""
+        return not self._open and self._active - self._pacing > self.size
+
+    async def again(self) -> None:
+        """Back to the gate, for a sender over the size (:attr:`over`)."""
+        await self.leave()
+        await self.enter()
+
     async def one_too_many(self, cuts: int, seconds: float) -> None:
         """A sender refused by a full server (a 429 while no limit is known, its request
         sent when ``cuts`` was :attr:`cuts`) was one too many: it holds its place for

@@ -86,6 +86,7 @@ class Sender:
         self._sleep = sleep
         self._refusals = RefusalStreak(clock)
         self._probe_jobs: set[int] = set()  # jobs sent as the breaker's probe
+        self._tested_in_flight = 1  # in flight at the 429 whose pause is being tested
         self.fatal: ProviderError | None = None
         # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
         self._timeouts = timeouts
@@ -197,10 +198,19 @@ class Sender:
             if later_s is not None:
                 self._dispatch.defer(job.id, self._wall() + later_s)
                 return None
-        if self._auto is None:
+        auto = self._auto
+        if auto is None:
             return await limiter.acquire(cost.prompt, cost.reserved)
-        async with self._auto.pacing(paced=limiter.paces):
-            return await limiter.acquire(cost.prompt, cost.reserved)
+        while True:
+            paced = limiter.paces
+            async with auto.pacing(paced=paced):
+                ticket = await limiter.acquire(cost.prompt, cost.reserved)
+            if paced or not auto.over or self._dispatch.stopping:
+                return ticket
+            # The size was cut while a 429's pause held this sender (the server found full
+            # as the pause ended): not one more into it, back to the gate.
+            limiter.refund(ticket)
+            await auto.again()
 
     async def _provider_up(self, job: Job, model: str | None) -> bool:
         """Wait while the provider is down (every model's breaker open) and this job's model's
@@ -245,8 +255,11 @@ class Sender:
         if self._timeouts is not None:
             self._learned(charge.model, finished - started)
         auto = self._auto
-        if auto is not None and auto.observe(finished - started, self._progress.in_flight):
-            self._resized()
+        if auto is not None:
+            if ticket.full_probe and limiter.server_full and auto.full(self._tested_in_flight):
+                self._resized()  # (the pause it went through was a full server's)
+            if auto.observe(finished - started, self._progress.in_flight):
+                self._resized()
         return outcomes.replied(
             job,
             reply,
@@ -263,9 +276,12 @@ class Sender:
         now = self._wall()
         limiter = ticket.limiter
         rate_limited = err.error_type == "rate_limit"
+        tested = limiter.pause_tested
         retry_after_s = self._limiter_failed(err, ticket, rate_limited)
         full = rate_limited and limiter.server_full
         held = rate_limited and limiter.pause_tested
+        if held and not tested:
+            self._tested_in_flight = self._progress.in_flight  # the 429 whose pause is tested
         if full:
             retry_after_s = err.retry_after_s  # (the job's, if sooner than its backoff)
         outage = outcomes.outage_like(err)
