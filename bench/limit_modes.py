@@ -112,6 +112,14 @@ def _rows() -> dict[str, Row]:
          lambda t0: fl.LiteLLMRouter(rpm=600), ("--rpm", "600"))  # fmt: skip
     pair("c-azure", "Azure 1,200 rpm as 200 per 10 s window", 800,
          lambda t0: fl.AzureWindows(rpm=1200), ("--rpm", "1200"))  # fmt: skip
+    # Azure showing no limit: what is left and the reset (the reading), or what is
+    # left alone (the headers its docs name).
+    pair("c-azure-no-limit", "Azure 1,200 rpm as 200 per 10 s window, no limit header", 800,
+         lambda t0: fl.AzureWindows(rpm=1200, shows=("remaining", "reset")),
+         ("--rpm", "1200"))  # fmt: skip
+    pair("c-azure-remaining", "Azure 1,200 rpm as 200 per 10 s window, remaining only", 800,
+         lambda t0: fl.AzureWindows(rpm=1200, shows=("remaining",)),
+         ("--rpm", "1200"))  # fmt: skip
     pair("d-groq", "Groq 14,400 per day in the header, 300 rpm unreported", 400,
          lambda t0: fl.GroqDaily(rpd=14_400, rpm=300), ("--rpm", "300"))  # fmt: skip
     pair("f-litellm-429", "no headers, 300 per calendar minute, llm_provider-retry-after", 400,

@@ -211,6 +211,18 @@ def test_azure_counts_a_sixth_per_ten_second_window_with_reset_to_the_boundary()
     assert mode.headers(T0 + 20)["x-ratelimit-remaining-requests"] == "10"
 
 
+def test_azure_shows_only_the_headers_asked_for() -> None:
+    """As its docs name them: what is left, no limit (and, the issue's reading, the reset)."""
+    mode = AzureWindows(rpm=60, shows=("remaining",))
+    burst(mode, T0 + 3, 4)
+    assert mode.headers(T0 + 3) == {"x-ratelimit-remaining-requests": "6"}
+    mode = AzureWindows(rpm=60, shows=("remaining", "reset"))
+    assert mode.headers(T0 + 3) == {
+        "x-ratelimit-remaining-requests": "10",
+        "x-ratelimit-reset-requests": "7s",
+    }
+
+
 def test_azure_one_second_windows_and_tokens_on_arrival() -> None:
     mode = AzureWindows(rpm=600, tpm=6000, window_s=1)
     assert burst(mode, T0 + 0.1, 11) == 10  # the docs' example: the 11th in a second

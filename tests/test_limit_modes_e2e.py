@@ -312,6 +312,15 @@ CASES: dict[str, Case] = {
     "c-litellm": _windows(lambda: fl.LiteLLMRouter(rpm=600), 200, 600, 599, 60),
     # c. Azure: 1,200/min as 200 a 10 s window; the window turns 2 s in: 200, then 100.
     "c-azure": _windows(lambda: fl.AzureWindows(rpm=1200), 300, 1200, 200, 10, lead_s=2.0),
+    # c. Azure showing no limit: what is left and the reset (the reading), or what is
+    # left alone (the headers its docs name).
+    "c-azure-no-limit": _windows(
+        lambda: fl.AzureWindows(rpm=1200, shows=("remaining", "reset")), 300, 1200, 200, 10,
+        lead_s=2.0,
+    ),  # fmt: skip
+    "c-azure-remaining": _windows(
+        lambda: fl.AzureWindows(rpm=1200, shows=("remaining",)), 300, 1200, 200, 10, lead_s=2.0
+    ),
     # d. Groq: 14,400 a day in the header, 300/min enforced unreported (a bucket full at
     # start), tokens per minute reported beside them.
     "d-groq": _bucket(300, 300, 315, lambda: fl.GroqDaily(rpd=14_400, rpm=300, tpm=1_000_000)),
@@ -340,7 +349,11 @@ CASES["e-anthropic"] = replace(CASES["e-anthropic"], provider="anthropic")
 # Under target on main after d0295f8 (the limiter's short windows and calendar minutes):
 # strict, so each turns into a failure, to be unmarked, once the limiter meets it. The figures
 # are from `pytest -n 3` runs of this file.
-UNDER_TARGET: dict[tuple[str, str], str] = {}
+UNDER_TARGET: dict[tuple[str, str], str] = {
+    # No limit and no reset, told nothing: the window is never read (no limit to follow),
+    # and its 429s teach a minute's count it does not keep (bench: 0.55, a quarter refused).
+    ("c-azure-remaining", "learned"): "no limit, no reset: 0.55 of the quota, 25% refused",
+}
 
 # Under target in some runs only, so not strict (an unexpected pass would be a flaky failure):
 # to be unmarked, not flipped, once the limiter is fixed.

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from .booking_log import Booking
 from .budget import CALENDAR_MARGIN_S, WINDOW_S, Budget
-from .ratelimit_headers import RateLimitInfo, StatedLimit
+from .implied_limit import ImpliedLimit
+from .ratelimit_headers import RateLimitInfo, StatedLimit, Window
 from .refusal_limit import TURN_MARGIN_S, RefusalLimit
 from .slot_waits import SlotWaits
 from .split_tokens import SplitTokens
@@ -44,6 +45,7 @@ class Feedback:
     _tokens: Budget | None
     _split: SplitTokens | None
     _refusal: RefusalLimit
+    _implied: dict[str, ImpliedLimit]
     _slots: SlotWaits
     _first_at: float | None
     _full_from: float | None
@@ -66,6 +68,8 @@ class Feedback:
         rebook = False
         for kind, window in (("requests", info.requests), ("tokens", info.tokens)):
             budget = self._requests if kind == "requests" else self._tokens
+            if not window.limit and (budget is None or kind in self._implied):
+                window = self._implied_window(kind, window)
             if budget is None:
                 if not window.limit:
                     continue
@@ -102,6 +106,14 @@ class Feedback:
             rebook = split or rebook
         if rebook:
             self._rebook_all(now)
+
+    def _implied_window(self, kind: str, window: Window) -> Window:
+        """A window with no limit (Azure's), given the limit its samples imply, if they do."""
+        if window.remaining is None or window.reset_s is None:
+            return window
+        implied = self._implied.setdefault(kind, ImpliedLimit())
+        limit = implied.sample(window.remaining, window.reset_s)
+        return window if limit is None else Window(limit, window.remaining, window.reset_s)
 
     def _rebook_all(self, now: float) -> None:
         # Every sender books again, in every budget: a slot still held in one would keep the

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .booking_log import Booking
 from .budget import HEADROOM, WINDOW_S, Budget, RequestTooLarge
 from .feedback import Feedback
+from .implied_limit import ImpliedLimit
 from .refusal_limit import PROBE_WAIT_S, RefusalLimit
 from .slot_waits import SlotWaits
 from .split_tokens import NO_SPLIT, SplitCost, SplitTokens
@@ -85,6 +86,8 @@ class RateLimiter(Feedback):
         self._slots = SlotWaits(sleep)
         # A server that reports no limit: what its 429s teach.
         self._refusal = RefusalLimit(headroom=headroom)
+        # Windows that show what is left but no limit (Azure's): the limit their samples imply.
+        self._implied: dict[str, ImpliedLimit] = {}
         self.learned: bool = False  # whether any limit came from the provider's headers
         # Input and output token limits apart, once a reply's headers show them (Anthropic).
         self._split: SplitTokens | None = None

@@ -31,7 +31,9 @@ REBOOK_EVERY_S = 0.025
 # about this many seconds, the noise of a stale sample averaged over as long).
 OUTSIDE_TAU_S = 1.0
 _OUTSIDE_MAX = 0.9  # of the refill: some always left to find out that it stopped
-# A provider's reset shorter than this describes a short window (per-second or 10-second
+# Windows that divide the clock's minute: one with no reset turns at multiples of one of them.
+_SPANS_S = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 10.0, 12.0, 15.0, 20.0, 30.0)
+# A provider's reset no longer than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is what it enforces.
 SHORT_WINDOW_S = 10.0
 
@@ -141,13 +143,31 @@ class WindowSync:
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
         # (A short window holds at most its seconds' share of the limit: more left than
         # that, with a short reset, is a longer window's count, Groq's requests per day.)
-        short = reset is not None and reset < SHORT_WINDOW_S
+        short = reset is not None and reset <= SHORT_WINDOW_S
         short = short and remaining <= window_limit * SHORT_WINDOW_S / WINDOW_S + 1
         self.burst = own and not self.burst_off and (reset is None or short)
         # A hair after the reset, so a boundary's float rounding never counts it as before.
         until = now + EPSILON_S
-        until += reset if reset is not None else minute_left_s + CALENDAR_MARGIN_S
-        return self._sync_window(now, remaining, until, entry) or rebook
+        if reset is None:
+            reset = minute_left_s
+            if reported.limit is None:  # (not LiteLLM's router, which shows it)
+                reset = self._turn_s(remaining, window_limit, minute_left_s)
+            reset += CALENDAR_MARGIN_S
+        return self._sync_window(now, remaining, until + reset, entry) or rebook
+
+    def _turn_s(self, remaining: float, window_limit: float, minute_left_s: float) -> float:
+        """Seconds to the turn of a window that shows neither reset nor limit: the clock's
+        next minute, as a calendar minute's count, unless it was never seen to hold half the
+        configured limit. Then it is shorter (Azure evaluates over 1 or 10 s windows and
+        names only what is left): as long as what it holds at most implies, turning on the
+        clock's multiples of that (a minute's cap on a 10 s window sent a sixth of the
+        quota). One that shows its limit (LiteLLM's router) counts its calendar minute."""
+        most = max(self._peak, remaining) + 1.0  # (and the request that saw it)
+        if most >= window_limit / 2:
+            return minute_left_s
+        span_s = WINDOW_S * most / window_limit
+        span_s = min((d for d in _SPANS_S if d >= 0.95 * span_s), default=WINDOW_S)
+        return span_s - (WINDOW_S - minute_left_s) % span_s
 
     def _take_window(self, remaining: float, reset: float | None, window_limit: float) -> bool:
         """What kind of window a sample shows: the limit's own (True) or a ceiling over it;

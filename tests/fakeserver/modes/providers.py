@@ -142,14 +142,24 @@ class AzureWindows(Mode):
 
     Headers: ``x-ratelimit-limit-*`` (per minute), ``x-ratelimit-remaining-*`` within the
     current window, ``x-ratelimit-reset-*`` the time to its boundary (*unverified*: Azure's
-    docs name only the remaining headers). 429 with ``retry-after`` and ``retry-after-ms``.
+    docs name only the remaining headers). ``shows`` leaves some out: ``("remaining",)`` is
+    what the docs name; ``("remaining", "reset")`` the issue's reading, a reset to the
+    boundary and no limit. 429 with ``retry-after`` and ``retry-after-ms``.
 
     Source: learn.microsoft.com/azure/ai-services/openai/how-to/quota ("Understanding rate
     limits": "requests be evenly distributed over a one-minute period", the 600-RPM example),
     and Microsoft Q&A 1336515 (a Microsoft employee: "typically 1 or 10 seconds").
     """
 
-    def __init__(self, *, rpm: int | None = None, tpm: int | None = None, window_s: float = 10):
+    def __init__(
+        self,
+        *,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        window_s: float = 10,
+        shows: tuple[str, ...] = ("limit", "remaining", "reset"),
+    ):
+        self.shows = shows
         self.limits = {k: v for k, v in (("requests", rpm), ("tokens", tpm)) if v is not None}
         self.windows = {k: CalendarWindow(window_s) for k in self.limits}
         self.per_window = {k: v * window_s / 60 for k, v in self.limits.items()}
@@ -174,7 +184,7 @@ class AzureWindows(Mode):
         return None
 
     def headers(self, now: float) -> dict[str, str]:
-        return _x_ratelimit(
+        headers = _x_ratelimit(
             [
                 (
                     kind,
@@ -185,6 +195,7 @@ class AzureWindows(Mode):
                 for kind, window in self.windows.items()
             ]
         )
+        return {k: v for k, v in headers.items() if k.split("-")[2] in self.shows}
 
 
 class GroqDaily(Mode):

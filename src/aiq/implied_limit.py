@@ -1,0 +1,38 @@
+"""A per-minute limit for a window whose headers say what is left and when it refills, but no
+limit: Azure OpenAI's docs name only ``x-ratelimit-remaining-requests`` and ``-tokens``, and
+it evaluates its limits over windows of 1 or 10 s (PROVIDERS.md). Without a limit the reply's
+window went unread, and its 429s taught a minute's count it does not keep: 0.48 of the
+quota, a quarter of the calls refused.
+
+A window holds at least the most it was seen to have left (and the one request that saw it),
+and lasts at least the longest reset seen, so the limit is taken as that many per that long,
+a minute's worth. It is followed as the provider's own: what is left may go before the reset,
+no more (:mod:`aiq.window_sync`), so an estimate off by a little costs pace, never 429s.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Windows longer than this are a day's count or a month's (no per-minute limit in them).
+_LONGEST_S = 60.0
+# A reset shorter than this says the window is at least this long: a sample taken as it
+# turned would make a 10 s window's limit look hundreds of times larger.
+_SHORTEST_S = 1.0
+
+
+class ImpliedLimit:
+    """The per-minute limit the samples of one window imply (:meth:`sample`)."""
+
+    def __init__(self) -> None:
+        self._most = 0.0  # the most left at once, with the request that saw it
+        self._span_s = _SHORTEST_S  # the longest reset seen
+
+    def sample(self, remaining: int, reset_s: float) -> int | None:
+        """The limit per minute after one more sample, or None if the window is too long to
+        imply one."""
+        if reset_s > _LONGEST_S:
+            return None
+        self._most = max(self._most, remaining + 1.0)
+        self._span_s = max(self._span_s, reset_s)
+        return math.ceil(self._most * 60.0 / self._span_s)

@@ -1,0 +1,75 @@
+"""A window whose headers say what is left and when it refills, but no limit (Azure's docs name
+only ``x-ratelimit-remaining-*``): the per-minute limit its samples imply (aiq.implied_limit),
+and a window with neither reset nor limit (aiq.window_sync), on fake clocks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fakes import FakeClock
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_limiter import drain, unlimited_info
+
+from aiq.implied_limit import ImpliedLimit
+from aiq.limiter import HEADROOM, RateLimiter
+from aiq.ratelimit_headers import Window
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    per_window=st.integers(1, 2_000),
+    span_s=st.sampled_from([1.0, 2.0, 5.0, 10.0, 30.0, 60.0]),
+    start=st.floats(0.0, 1.0),
+    sent=st.integers(1, 400),
+)
+def test_a_fixed_windows_samples_imply_its_limit_once_one_begins_a_window(
+    per_window: int, span_s: float, start: float, sent: int
+) -> None:
+    """Samples of a fixed window (``per_window`` each ``span_s``, its reset the time to its
+    boundary) imply at most its per-minute limit while the first window is under way, and
+    the limit itself (to a hundredth) once a window's first request is sampled."""
+    implied = ImpliedLimit()
+    limit = per_window * 60 / span_s
+    used = 0
+    at = start * span_s  # where in the first window the run began
+    step = span_s / max(1, sent)
+    for _ in range(sent):
+        if at >= span_s:
+            break
+        used = min(per_window, used + 1)
+        got = implied.sample(per_window - used, span_s - at)
+        assert got is not None and got >= 1
+        assert got <= math.ceil(limit * span_s / max(1.0, span_s - at)) + 1
+        at += step
+    got = implied.sample(per_window - 1, span_s)  # the next window's first request
+    assert got is not None and abs(got - limit) <= max(1.0, 0.01 * limit)
+
+
+def test_a_window_too_long_implies_no_minutes_limit() -> None:
+    assert ImpliedLimit().sample(14_000, 3_600.0) is None  # a day's count, an hour to go
+
+
+def test_azures_window_with_no_limit_is_followed_told_nothing() -> None:
+    """200 a 10 s window, shown as what is left and the reset: its 200 go at once, the next
+    at its reset (not at the pace of a minute's count, nor never)."""
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep)
+    lim.observe(unlimited_info(requests=Window(None, 199, 10.0)))
+    assert lim.limits.rpm == 1200
+    times = drain(lim, clock, 201)
+    assert times[198] == 1000.0  # what it said is left, at once
+    assert 1010.0 <= times[199] <= 1010.0 + 60 / 1200 / HEADROOM + 1e-3
+
+
+def test_a_window_with_no_reset_nor_limit_under_the_one_given_is_shorter_than_a_minute() -> None:
+    """Told 1,200/min, a window that names neither reset nor limit and holds 200 at most is
+    a 10 s one: what is left goes at once, the rest at the clock's next 10 s (and the margin)."""
+    clock = FakeClock(1000.0)
+    wall = FakeClock(1_800_000_003.0)  # 3 s into a minute: 7 s to the next 10 s
+    lim = RateLimiter(rpm=1200, clock=clock, sleep=clock.sleep, wall=wall)
+    lim.observe(unlimited_info(requests=Window(None, 199, None)))
+    times = drain(lim, clock, 201)
+    assert times[198] - 1000.0 <= 60 / 1200 * 200  # no later than the pace would have
+    assert times[199] == pytest.approx(1007.5, abs=1e-3)
