@@ -293,6 +293,14 @@ def _other_client(rpm: int, other_rpm: int, other_s: float, jobs: int) -> Case:
     return Case(make, jobs, ("--rpm", str(rpm)), lambda run: least, over, least)
 
 
+def _azure(shows: tuple[str, ...]) -> Case:
+    # As "c-azure" below, its headers only those named.
+    def make() -> fl.Mode:
+        return fl.AzureWindows(rpm=1200, shows=shows)
+
+    return _windows(make, 300, 1200, 200, 10, lead_s=2.0)
+
+
 def _headerless_429(hint: str | None) -> Case:
     # 150 a calendar minute, 200 jobs, the minute turning 2 s in: 150 at once, 50 at :00. Few
     # enough that aiq, finding its pace, meets the limit well before the minute turns.
@@ -314,13 +322,8 @@ CASES: dict[str, Case] = {
     "c-azure": _windows(lambda: fl.AzureWindows(rpm=1200), 300, 1200, 200, 10, lead_s=2.0),
     # c. Azure showing no limit: what is left and the reset (the reading), or what is
     # left alone (the headers its docs name).
-    "c-azure-no-limit": _windows(
-        lambda: fl.AzureWindows(rpm=1200, shows=("remaining", "reset")), 300, 1200, 200, 10,
-        lead_s=2.0,
-    ),  # fmt: skip
-    "c-azure-remaining": _windows(
-        lambda: fl.AzureWindows(rpm=1200, shows=("remaining",)), 300, 1200, 200, 10, lead_s=2.0
-    ),
+    "c-azure-no-limit": _azure(("remaining", "reset")),
+    "c-azure-remaining": _azure(("remaining",)),
     # d. Groq: 14,400 a day in the header, 300/min enforced unreported (a bucket full at
     # start), tokens per minute reported beside them.
     "d-groq": _bucket(300, 300, 315, lambda: fl.GroqDaily(rpd=14_400, rpm=300, tpm=1_000_000)),
