@@ -49,7 +49,8 @@ class Budget(WindowSync):
     full at the start (OpenAI's, Anthropic's, Groq's; aiolimiter's and the cookbook client's
     way of counting), its burst opened as answers come back: the even pace until the first
     (what per-second enforcement allows), then the opening doubling each round trip
-    (:meth:`grow`: TCP's slow start). A server counting some other way refuses about one
+    (:meth:`grow`: TCP's slow start), and past a minute's worth one request looks first
+    (:meth:`_beyond_minute`). A server counting some other way (per second) refuses about one
     round's excess: its first 429 ends this for the run (:meth:`stop_bursting`), and so do
     headers showing the limit's own window (:meth:`sync`)."""
 
