@@ -4,6 +4,7 @@ and a window with neither reset nor limit (aiq.window_sync), on fake clocks."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -65,11 +66,35 @@ def test_azures_window_with_no_limit_is_followed_told_nothing() -> None:
 
 def test_a_window_with_no_reset_nor_limit_under_the_one_given_is_shorter_than_a_minute() -> None:
     """Told 1,200/min, a window that names neither reset nor limit and holds 200 at most is
-    a 10 s one: what is left goes at once, the rest at the clock's next 10 s (and the margin)."""
+    a 10 s one: what is left goes at once, and it is looked at again a second later (not
+    at the clock's next minute: a sixth of the quota); once a 429 names its turn, every
+    10 s from that."""
     clock = FakeClock(1000.0)
-    wall = FakeClock(1_800_000_003.0)  # 3 s into a minute: 7 s to the next 10 s
+    wall = FakeClock(1_800_000_003.0)  # 3 s into a minute
     lim = RateLimiter(rpm=1200, clock=clock, sleep=clock.sleep, wall=wall)
     lim.observe(unlimited_info(requests=Window(None, 199, None)))
-    times = drain(lim, clock, 201)
+    times = drain(lim, clock, 200)
     assert times[198] - 1000.0 <= 60 / 1200 * 200  # no later than the pace would have
-    assert times[199] == pytest.approx(1007.5, abs=1e-3)
+    assert times[199] == pytest.approx(1001.0, abs=1e-3)  # a look, a second on
+    # The look refused: its exact retry-after names the turn, 8.5 s on.
+    assert lim.rate_limited(8.5) == 8.5
+    lim.observe(unlimited_info(requests=Window(None, 0, None)))  # (a reply of the window)
+    later = drain(lim, clock, 1)
+    assert later[0] == pytest.approx(1009.5, abs=1e-3)
+    # The window spent again, as a reply to a request sent in it says: the next turn.
+    ticket = asyncio.run(lim.acquire())
+    lim.observe(unlimited_info(requests=Window(None, 0, None)), ticket)
+    assert drain(lim, clock, 1)[0] == pytest.approx(1019.5, abs=1e-3)  # the next, 10 s on
+
+
+def test_azures_window_with_neither_limit_nor_reset_is_read_from_its_first_429() -> None:
+    """Told nothing, what is left alone implies no limit; a 429's exact retry-after is the
+    window's reset: then it is followed, its turns every span after that one."""
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep)
+    lim.observe(unlimited_info(requests=Window(None, 199, None)))
+    assert lim.limits.rpm is None  # nothing to go by yet
+    assert lim.rate_limited(10.0) == 10.0  # spent until its turn, 10 s on
+    assert lim.limits.rpm == 1200  # 200 (the most left, and the one that saw it) per 10 s
+    lim.pause(0.0)
+    assert drain(lim, clock, 1)[0] == pytest.approx(1010.0, abs=1e-3)

@@ -90,6 +90,7 @@ class Budget(WindowSync):
         self._fresh_at = math.inf
         self._peak = 0.0  # the most any sample said was left: what a window lets go at once
         self._rebook_check_at = -math.inf
+        self._anchor_at = -math.inf  # a turn a 429 named, for a window that shows no reset
         self.burst = False  # what the provider says is left may go at once
         self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
         self.presumed = configured  # taken for a bucket full at the start (class docstring)
@@ -101,6 +102,8 @@ class Budget(WindowSync):
         self._opened = 1.0  # the opening when slots booked ahead were last booked again
         self.shown = not configured  # whether headers have shown this limit's own window
         self.stated = False  # a 429 named the limit (:meth:`follow_stated`)
+        self.implied = False  # no header named the limit: its window's samples imply it
+        self.resetless = False  # its window showed neither reset nor limit (Azure's)
 
     def set_limit(self, per_minute: float) -> None:
         """A new limit (one the provider reported); the pace changes from the next booking."""

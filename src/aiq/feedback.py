@@ -84,6 +84,7 @@ class Feedback:
                     configured=False,
                     outside=kind == "requests",
                 )
+                budget.implied = kind in self._implied  # (a limit no header named)
                 if kind == "requests":
                     self._requests = budget
                 else:
@@ -109,11 +110,21 @@ class Feedback:
 
     def _implied_window(self, kind: str, window: Window) -> Window:
         """A window with no limit (Azure's), given the limit its samples imply, if they do."""
-        if window.remaining is None or window.reset_s is None:
+        if window.remaining is None:
             return window
         implied = self._implied.setdefault(kind, ImpliedLimit())
         limit = implied.sample(window.remaining, window.reset_s)
         return window if limit is None else Window(limit, window.remaining, window.reset_s)
+
+    def _refused_window(self, retry_after_s: float, ticket: Ticket | None) -> None:
+        """A 429 with an exact delay where a window showed only what is left (Azure's docs
+        name no other header): the window is spent until then, a sample with a reset (which,
+        with no limit given, implies it: aiq.implied_limit)."""
+        requests = self._requests
+        if "requests" not in self._implied and (requests is None or not requests.resetless):
+            return
+        spent = RateLimitInfo(Window(None, 0, retry_after_s), Window(None, None, None))
+        self.observe(spent, ticket, refused=True)
 
     def _rebook_all(self, now: float) -> None:
         # Every sender books again, in every budget: a slot still held in one would keep the
@@ -197,6 +208,10 @@ class Feedback:
         for 60 s, but counts calendar minutes) is cut to that minute's turn.
         """
         now = self._clock()
+        if retry_after_s is not None and not upper_bound:
+            self._refused_window(retry_after_s, ticket)
+            if self._requests is not None:
+                self._requests.anchor(now + retry_after_s)
         if stated is not None:
             self._follow_stated(stated, now)
         presumed = False

@@ -26,13 +26,16 @@ class ImpliedLimit:
 
     def __init__(self) -> None:
         self._most = 0.0  # the most left at once, with the request that saw it
-        self._span_s = _SHORTEST_S  # the longest reset seen
+        self._span_s: float | None = None  # the longest reset seen (None: none yet)
 
-    def sample(self, remaining: int, reset_s: float) -> int | None:
-        """The limit per minute after one more sample, or None if the window is too long to
-        imply one."""
-        if reset_s > _LONGEST_S:
-            return None
+    def sample(self, remaining: int, reset_s: float | None) -> int | None:
+        """The limit per minute after one more sample, or None if none is implied yet (no
+        reset seen: a 429's exact ``retry-after`` is one) or the window is too long to."""
         self._most = max(self._most, remaining + 1.0)
-        self._span_s = max(self._span_s, reset_s)
+        if reset_s is not None:
+            if reset_s > _LONGEST_S:
+                return None
+            self._span_s = max(self._span_s or _SHORTEST_S, reset_s)
+        if self._span_s is None:
+            return None
         return math.ceil(self._most * 60.0 / self._span_s)

@@ -31,8 +31,9 @@ REBOOK_EVERY_S = 0.025
 # about this many seconds, the noise of a stale sample averaged over as long).
 OUTSIDE_TAU_S = 1.0
 _OUTSIDE_MAX = 0.9  # of the refill: some always left to find out that it stopped
-# Windows that divide the clock's minute: one with no reset turns at multiples of one of them.
-_SPANS_S = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 10.0, 12.0, 15.0, 20.0, 30.0)
+# A window that shows neither reset nor limit, its turn not yet named by a 429, is looked at
+# again this long after its last sample.
+LOOK_S = 1.0
 # A provider's reset no longer than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is what it enforces.
 SHORT_WINDOW_S = 10.0
@@ -70,6 +71,8 @@ class WindowSync:
     presumed: bool
     shown: bool
     stated: bool
+    implied: bool
+    resetless: bool
     burst: bool
     burst_off: bool
     _headroom: float
@@ -90,6 +93,7 @@ class WindowSync:
     _fresh_at: float
     _peak: float
     _rebook_check_at: float
+    _anchor_at: float
 
     if TYPE_CHECKING:
 
@@ -149,25 +153,40 @@ class WindowSync:
         # A hair after the reset, so a boundary's float rounding never counts it as before.
         until = now + EPSILON_S
         if reset is None:
-            reset = minute_left_s
-            if reported.limit is None:  # (not LiteLLM's router, which shows it)
-                reset = self._turn_s(remaining, window_limit, minute_left_s)
-            reset += CALENDAR_MARGIN_S
+            reset = minute_left_s + CALENDAR_MARGIN_S
+            if reported.limit is None or self.implied:  # (not LiteLLM's router: shows it)
+                self.resetless = True
+                sent_at = entry.at if entry is not None else now  # (its reply is a latency old)
+                reset = self._turn_s(now, sent_at, remaining, window_limit, reset)
         return self._sync_window(now, remaining, until + reset, entry) or rebook
 
-    def _turn_s(self, remaining: float, window_limit: float, minute_left_s: float) -> float:
+    def _turn_s(
+        self, now: float, sent_at: float, remaining: float, window_limit: float, minute_s: float
+    ) -> float:
         """Seconds to the turn of a window that shows neither reset nor limit: the clock's
-        next minute, as a calendar minute's count, unless it was never seen to hold half the
-        configured limit. Then it is shorter (Azure evaluates over 1 or 10 s windows and
-        names only what is left): as long as what it holds at most implies, turning on the
-        clock's multiples of that (a minute's cap on a 10 s window sent a sixth of the
-        quota). One that shows its limit (LiteLLM's router) counts its calendar minute."""
+        next minute (``minute_s``), as a calendar minute's count, unless it was never seen
+        to hold half the limit. Then it is shorter (Azure evaluates over 1 or 10 s windows
+        and names only what is left; a minute's cap on a 10 s window sent a sixth of the
+        quota): as long as what it holds at most implies, turning that long after one a 429
+        named (:meth:`anchor`), from the request the sample answers. With none named yet,
+        requests look again a second on: the first one refused names it (Azure's
+        ``retry-after-ms``). One that shows its limit (LiteLLM's router) counts its calendar
+        minute."""
         most = max(self._peak, remaining) + 1.0  # (and the request that saw it)
         if most >= window_limit / 2:
-            return minute_left_s
+            return minute_s
         span_s = WINDOW_S * most / window_limit
-        span_s = min((d for d in _SPANS_S if d >= 0.95 * span_s), default=WINDOW_S)
-        return span_s - (WINDOW_S - minute_left_s) % span_s
+        if self._anchor_at == -math.inf:
+            return min(span_s, LOOK_S)  # (its 429 names the turn: anchored from then)
+        # The first turn after the request it answers went (one since is past: the sample is
+        # the old window's, and the new one is open).
+        turns = max(0, math.ceil((sent_at - self._anchor_at) / span_s))
+        return self._anchor_at + turns * span_s - now
+
+    def anchor(self, turn_at: float) -> None:
+        """A 429 named when the window turns (its exact ``retry-after``): a window that shows
+        no reset turns then, and every span after."""
+        self._anchor_at = turn_at
 
     def _take_window(self, remaining: float, reset: float | None, window_limit: float) -> bool:
         """What kind of window a sample shows: the limit's own (True) or a ceiling over it;
