@@ -48,6 +48,30 @@ def test_a_fixed_windows_samples_imply_its_limit_once_one_begins_a_window(
     assert got is not None and abs(got - limit) <= max(1.0, 0.01 * limit)
 
 
+@given(
+    span_s=st.sampled_from([1.0, 2.0, 5.0, 10.0, 30.0]),
+    seen=st.floats(0.3, 1.0),
+    apart=st.integers(1, 5),
+)
+def test_two_turns_a_429_named_say_how_long_the_window_is(
+    span_s: float, seen: float, apart: int
+) -> None:
+    """Resets seen up to ``seen`` of the window, then two turns named ``apart`` windows apart:
+    the window is taken as no shorter than the resets and a whole number of it between the
+    turns: exact where the resets rule out a shorter whole part of the gap, never longer."""
+    implied = ImpliedLimit()
+    implied.sample(99, seen * span_s)
+    implied.turned(1000.0)
+    implied.turned(1000.0 + apart * span_s)
+    got = implied.sample(0, None)
+    assert got is not None
+    window_s = 100 * 60 / got
+    assert window_s <= span_s * 1.01
+    longest = max(1.0, seen * span_s)  # (a window is taken as a second at least)
+    if math.floor(apart * span_s / longest + 1e-6) == apart:  # no shorter whole part fits
+        assert window_s >= span_s * 0.99
+
+
 def test_a_window_too_long_implies_no_minutes_limit() -> None:
     assert ImpliedLimit().sample(14_000, 3_600.0) is None  # a day's count, an hour to go
 

@@ -123,6 +123,8 @@ class Feedback:
         requests = self._requests
         if "requests" not in self._implied and (requests is None or not requests.resetless):
             return
+        if (implied := self._implied.get("requests")) is not None:
+            implied.turned(self._clock() + retry_after_s)
         spent = RateLimitInfo(Window(None, 0, retry_after_s), Window(None, None, None))
         self.observe(spent, ticket, refused=True)
 

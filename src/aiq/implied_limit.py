@@ -27,6 +27,20 @@ class ImpliedLimit:
     def __init__(self) -> None:
         self._most = 0.0  # the most left at once, with the request that saw it
         self._span_s: float | None = None  # the longest reset seen (None: none yet)
+        self._turned_at: float | None = None  # the last turn a 429 named
+
+    def turned(self, at: float) -> None:
+        """A 429 named the window's turn exactly (Azure's ``retry-after-ms``). Two such turns
+        are a whole number of windows apart, and a window is no shorter than the longest
+        reset: the fewest windows between them that fit that is how long one is (turns 10 s
+        apart with resets of up to 6.5 s seen: one 10 s window, not the 6.5 s that made
+        each later turn come early, a 429 each)."""
+        last, self._turned_at = self._turned_at, at
+        span = self._span_s
+        if last is None or span is None or at - last < span:
+            return
+        windows = math.floor((at - last) / span + 1e-6)
+        self._span_s = max(span, (at - last) / windows)
 
     def sample(self, remaining: int, reset_s: float | None) -> int | None:
         """The limit per minute after one more sample, or None if none is implied yet (no
