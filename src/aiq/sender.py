@@ -46,6 +46,10 @@ _DEFER_AFTER_S = 0.1
 _REDEFER_AFTER_S = 5.0
 
 
+# A 429's wait at least this long, cut short by its pause test, says the server was full.
+_FULL_WAIT_S = 5.0
+
+
 class Sender:
     """Sends jobs for the worker's sender tasks, any number at once; ``fatal`` is the error
     that stopped the run, if one did. ``stop`` stops the run (the worker's, which also lets
@@ -86,7 +90,9 @@ class Sender:
         self._sleep = sleep
         self._refusals = RefusalStreak(clock)
         self._probe_jobs: set[int] = set()  # jobs sent as the breaker's probe
-        self._tested_in_flight = 1  # in flight at the 429 whose pause is being tested
+        # In flight at the 429 whose pause is being tested, if it asked for a long wait (a
+        # full server's tell: LiteLLM's parallel limit asks for its minute's turn); 0: not.
+        self._tested_in_flight = 0
         self.fatal: ProviderError | None = None
         # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
         self._timeouts = timeouts
@@ -256,7 +262,8 @@ class Sender:
             self._learned(charge.model, finished - started)
         auto = self._auto
         if auto is not None:
-            if ticket.full_probe and limiter.server_full and auto.full(self._tested_in_flight):
+            tested = self._tested_in_flight
+            if ticket.full_probe and tested and limiter.server_full and auto.full(tested):
                 self._resized()  # (the pause it went through was a full server's)
             if auto.observe(finished - started, self._progress.in_flight):
                 self._resized()
@@ -281,7 +288,11 @@ class Sender:
         full = rate_limited and limiter.server_full
         held = rate_limited and limiter.pause_tested
         if held and not tested:
-            self._tested_in_flight = self._progress.in_flight  # the 429 whose pause is tested
+            # The 429 whose pause is tested. A wait asked far longer than the test takes is a
+            # full server's, not a busy one's: random 429s asking a few hundred ms (the
+            # simulated provider's) passed the test too, and the cut held a demo at 4.
+            long = (err.retry_after_s or 0.0) >= _FULL_WAIT_S
+            self._tested_in_flight = self._progress.in_flight if long else 0
         if full:
             retry_after_s = err.retry_after_s  # (the job's, if sooner than its backoff)
         outage = outcomes.outage_like(err)
