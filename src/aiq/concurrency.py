@@ -202,18 +202,15 @@ class AutoConcurrency:
     def refused(self, in_flight: int) -> bool:
         """A 429: with no limit known, the server says it is full at ``in_flight``. True if
         that changed ``size``."""
-        if not self._unpaced() or not self._probe.cut(in_flight):
-            return False
-        self.cuts += 1
-        self._cut.set()
-        self._cut = asyncio.Event()
-        return self._resize(self._clock(), self._latency.high_s)
+        return self._unpaced() and self._probe.cut(in_flight) and self._was_cut()
 
     def full(self, in_flight: int) -> bool:
         """With no limit known, the server was found full at ``in_flight`` (its 429's pause
         tested: :meth:`CapacityProbe.full`). True if that changed ``size``."""
-        if not self._unpaced() or not self._probe.full(in_flight):
-            return False
+        return self._unpaced() and self._probe.full(in_flight) and self._was_cut()
+
+    def _was_cut(self) -> bool:
+        """The probe's limit was cut: senders held for it (``one_too_many``) may go."""
         self.cuts += 1
         self._cut.set()
         self._cut = asyncio.Event()

@@ -116,17 +116,32 @@ class Feedback:
         limit = implied.sample(window.remaining, window.reset_s)
         return window if limit is None else Window(limit, window.remaining, window.reset_s)
 
-    def _refused_window(self, retry_after_s: float, ticket: Ticket | None) -> None:
-        """A 429 with an exact delay where a window showed only what is left (Azure's docs
-        name no other header): the window is spent until then, a sample with a reset (which,
-        with no limit given, implies it: aiq.implied_limit)."""
+    def _refused_window(self, now: float, retry_after_s: float, ticket: Ticket | None) -> None:
+        """A 429 with an exact delay, the request window's turn (:meth:`Budget.anchor`).
+        Where that window showed only what is left (Azure's docs name no other header), it
+        is spent until then: a sample with a reset (which, with no limit given, implies
+        it: aiq.implied_limit)."""
         requests = self._requests
+        if requests is not None:
+            requests.anchor(now + retry_after_s)
         if "requests" not in self._implied and (requests is None or not requests.resetless):
             return
         if (implied := self._implied.get("requests")) is not None:
-            implied.turned(self._clock() + retry_after_s)
+            implied.turned(now + retry_after_s)
         spent = RateLimitInfo(Window(None, 0, retry_after_s), Window(None, None, None))
         self.observe(spent, ticket, refused=True)
+        if requests is None and self._requests is not None:  # (the window read from now on)
+            self._requests.anchor(now + retry_after_s)
+
+    def _stop_bursting(self, now: float) -> None:
+        """A 429: no more bursts (:meth:`Budget.stop_bursting`); senders held for a presumed
+        bucket's look past a minute's worth book again."""
+        presumed = False
+        for budget in self._budgets():
+            presumed = presumed or budget.presumed
+            budget.stop_bursting(now)
+        if presumed:
+            self._slots.wake_all()
 
     def _rebook_all(self, now: float) -> None:
         # Every sender books again, in every budget: a slot still held in one would keep the
@@ -211,17 +226,10 @@ class Feedback:
         """
         now = self._clock()
         if retry_after_s is not None and not upper_bound:
-            self._refused_window(retry_after_s, ticket)
-            if self._requests is not None:
-                self._requests.anchor(now + retry_after_s)
+            self._refused_window(now, retry_after_s, ticket)
         if stated is not None:
             self._follow_stated(stated, now)
-        presumed = False
-        for budget in self._budgets():
-            presumed = presumed or budget.presumed
-            budget.stop_bursting(now)
-        if presumed:
-            self._slots.wake_all()  # (senders held for a look past a minute's worth book again)
+        self._stop_bursting(now)
         # The clock's minute turns after the one the refused request was sent in: a reply
         # that comes back after a turn is the last minute's refusal, not the new one's.
         sent_s = min(max(0.0, now - ticket.sent_at), WINDOW_S) if ticket is not None else 0.0
