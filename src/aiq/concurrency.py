@@ -222,11 +222,6 @@ class AutoConcurrency:
         ``size`` allows: it was cut while they waited (in a 429's pause, which holds them)."""
         return not self._open and self._active - self._pacing > self.size
 
-    async def again(self) -> None:
-        """Back to the gate, for a sender over the size (:attr:`over`)."""
-        await self.leave()
-        await self.enter()
-
     async def one_too_many(self, cuts: int, seconds: float) -> None:
         """A sender refused by a full server (a 429 while no limit is known, its request
         sent when ``cuts`` was :attr:`cuts`) was one too many: it holds its place for

@@ -49,6 +49,7 @@ class Feedback:
     _slots: SlotWaits
     _first_at: float | None
     _full_from: float | None
+    _let_in: Ticket | None
     _paused_until: float
 
     if TYPE_CHECKING:
@@ -225,6 +226,11 @@ class Feedback:
         for 60 s, but counts calendar minutes) is cut to that minute's turn.
         """
         now = self._clock()
+        if ticket is not None and ticket is self._let_in:
+            # The pause's test, taken as let in (aiq.pause_test), was refused after all: a
+            # slow 429, not a full server's. This one pauses as a first would.
+            self._let_in = None
+            self._refusal.full_known = False
         if retry_after_s is not None and not upper_bound:
             self._refused_window(now, retry_after_s, ticket)
         if stated is not None:

@@ -96,6 +96,7 @@ class RateLimiter(Feedback):
         # whether one request may go through it, sent once one sent before it got through.
         self._full_from: float | None = None
         self._full_pass = False
+        self._let_in: Ticket | None = None  # a test taken as let in before its reply came
 
     @property
     def counts_tokens(self) -> bool:
@@ -355,6 +356,8 @@ class RateLimiter(Feedback):
         counted it), or none at all."""
         opened = looked = False
         now = self._clock()
+        if ticket is self._let_in:
+            self._let_in = None  # (its early pass stands)
         for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
             if budget is not None and entry is not None:
                 looked = budget.close(entry, now, through=through) or looked  # it went
@@ -378,6 +381,14 @@ class RateLimiter(Feedback):
         elif ticket.window is not None:
             self._refusal.forget(ticket.window)  # a probe lost: another may go
             ticket.window = None
+
+    def let_in(self, ticket: Ticket) -> None:
+        """The pause's test request (``ticket``) is out past the time a 429 takes: the server
+        let it in (aiq.pause_test), and the pause ends as if its reply had come. If a 429
+        comes for it after all, that is undone (:meth:`rate_limited`)."""
+        if ticket.full_probe and self._full_from is not None:
+            self._let_in = ticket
+            self._full_test(ticket, self._full_from)
 
     def _full_test(self, ticket: Ticket, since: float) -> None:
         """A 429's pause is being tested (no limit known; paused since ``since``): one request

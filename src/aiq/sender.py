@@ -27,6 +27,7 @@ from .dispatch import Dispatcher
 from .limiter import RateLimiter, RequestTooLarge, Ticket
 from .limiters import Limiters
 from .outcomes import NO_REFUSALS, Health, Refusals, RetryPolicy
+from .pause_test import PauseTest
 from .providers.base import Provider, ProviderError, Reply
 from .records import QUEUED, Job, Outcome
 from .refusals import RefusalStreak
@@ -46,8 +47,11 @@ _DEFER_AFTER_S = 0.1
 _REDEFER_AFTER_S = 5.0
 
 
-# A 429's wait at least this long, cut short by its pause test, says the server was full.
+# A 429's wait at least this long, or this many replies' latency, cut short by its pause
+# test, says the server was full. (LiteLLM's parallel limit asks for its minute's turn: a
+# second or two, near a minute's end.)
 _FULL_WAIT_S = 5.0
+_FULL_REPLIES = 4
 
 
 class Sender:
@@ -93,6 +97,8 @@ class Sender:
         # In flight at the 429 whose pause is being tested, if it asked for a long wait (a
         # full server's tell: LiteLLM's parallel limit asks for its minute's turn); 0: not.
         self._tested_in_flight = 0
+        self._pause_test = PauseTest()  # how soon 429s come back, to decide a test early
+        self._testing: Ticket | None = None  # the pause's test, while it is out
         self.fatal: ProviderError | None = None
         # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
         self._timeouts = timeouts
@@ -164,6 +170,9 @@ class Sender:
             progress.max_in_flight = progress.in_flight
         self._dispatch.sent(job.id)  # its attempt is counted at the next store cycle
         started = self._wall()
+        if ticket.full_probe:
+            self._testing = ticket
+            self._pause_test.watch(lambda: self._testing is ticket, lambda: self._let_in(ticket))
         try:
             if self._timeouts is None:
                 reply = await self._provider.send(job.endpoint, job.body)
@@ -177,6 +186,8 @@ class Sender:
             full = False
         finally:
             progress.in_flight -= 1
+            if self._testing is ticket:
+                self._testing = None
         if self._cuts and outcome.state != QUEUED:
             self._cuts.pop(job.id, None)
         self._dispatch.finished(outcome)
@@ -207,16 +218,27 @@ class Sender:
         auto = self._auto
         if auto is None:
             return await limiter.acquire(cost.prompt, cost.reserved)
-        while True:
-            paced = limiter.paces
-            async with auto.pacing(paced=paced):
-                ticket = await limiter.acquire(cost.prompt, cost.reserved)
-            if paced or not auto.over or self._dispatch.stopping:
-                return ticket
-            # The size was cut while a 429's pause held this sender (the server found full
-            # as the pause ended): not one more into it, back to the gate.
-            limiter.refund(ticket)
-            await auto.again()
+        paced = limiter.paces
+        async with auto.pacing(paced=paced):
+            ticket = await limiter.acquire(cost.prompt, cost.reserved)
+        if paced or not auto.over or self._dispatch.stopping:
+            return ticket
+        # The size was cut while a 429's pause held this sender (the server found full as
+        # the pause ended): not one more into it. The job goes back to the store for a
+        # sender within the size: waiting at the gate with it, this one deadlocked behind
+        # the senders that held the gate waiting for a job (it was the last).
+        limiter.refund(ticket)
+        self._dispatch.defer(job.id, self._wall())
+        return None
+
+    def _let_in(self, ticket: Ticket) -> None:
+        """The pause's test is out past the time a 429 takes (aiq.pause_test): the server let
+        it in, as if its reply had come, and a full server is cut now, not a latency later."""
+        limiter = ticket.limiter
+        limiter.let_in(ticket)
+        tested, self._tested_in_flight = self._tested_in_flight, 0
+        if self._auto is not None and tested and limiter.server_full and self._auto.full(tested):
+            self._resized()
 
     async def _provider_up(self, job: Job, model: str | None) -> bool:
         """Wait while the provider is down (every model's breaker open) and this job's model's
@@ -248,6 +270,7 @@ class Sender:
     ) -> Outcome:
         """Feed a reply to the limiter, the breakers, the timeouts and the concurrency."""
         finished = self._wall()
+        self._pause_test.replied(finished - started)
         limiter = ticket.limiter
         if reply.limits is not None:
             limiter.observe(reply.limits, ticket)
@@ -283,6 +306,8 @@ class Sender:
         now = self._wall()
         limiter = ticket.limiter
         rate_limited = err.error_type == "rate_limit"
+        if rate_limited:
+            self._pause_test.refused(now - started)
         tested = limiter.pause_tested
         retry_after_s = self._limiter_failed(err, ticket, rate_limited)
         full = rate_limited and limiter.server_full
@@ -291,7 +316,8 @@ class Sender:
             # The 429 whose pause is tested. A wait asked far longer than the test takes is a
             # full server's, not a busy one's: random 429s asking a few hundred ms (the
             # simulated provider's) passed the test too, and the cut held a demo at 4.
-            long = (err.retry_after_s or 0.0) >= _FULL_WAIT_S
+            enough_s = min(_FULL_WAIT_S, _FULL_REPLIES * self._pause_test.fastest_reply_s)
+            long = (err.retry_after_s or 0.0) >= enough_s
             self._tested_in_flight = self._progress.in_flight if long else 0
         if full:
             retry_after_s = err.retry_after_s  # (the job's, if sooner than its backoff)
