@@ -23,8 +23,8 @@ from aiq.inputs import Defaults
 from aiq.providers.openai import OpenAIProvider
 from aiq.records import Stats
 from aiq.requestfile import read_requests
-from aiq.sender import _SWEEP_S
 from aiq.store import JobStore
+from aiq.timed_calls import _SWEEP_S
 from aiq.timeouts import FLOOR_S, TimeoutRule, Timeouts
 from aiq.transport import AiohttpTransport
 from aiq.worker import RetryPolicy, Worker
@@ -151,7 +151,7 @@ def test_a_burst_whose_first_replies_are_fast_cuts_none_of_its_slow_ones(tmp_pat
 
 def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
     """A hang sent under a learned timeout (the floor, with 10 ms replies) is cut within the
-    sweep's period of it (sender._SWEEP_S), never before it."""
+    sweep's period of it (timed_calls._SWEEP_S), never before it."""
     path = tmp_path / "in.jsonl"
     write_prompts(path, [(f"c{i}", f"q{i}") for i in range(12)])
     hung: list[float] = []

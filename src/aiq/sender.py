@@ -32,11 +32,9 @@ from .providers.base import Provider, ProviderError, Reply
 from .records import QUEUED, Job, Outcome
 from .refusals import RefusalStreak
 from .run_records import Progress
+from .timed_calls import TimedCalls
 from .timeouts import Timeouts
 
-# How often calls are checked against their learned timeout: a cut comes up to this late, a
-# fifth of the shortest timeout (timeouts.FLOOR_S); a scan of ~1,500 calls, 20 times a second.
-_SWEEP_S = 0.05
 # With several models' limiters, a job whose limiter would hold its sender longer than this
 # goes back to the store until its slot, and the sender takes the next job, so one model's
 # slow limit does not hold up the others (head-of-line blocking).
@@ -100,26 +98,13 @@ class Sender:
         self._pause_test = PauseTest()  # how soon 429s come back, to decide a test early
         self._testing: Ticket | None = None  # the pause's test, while it is out
         self.fatal: ProviderError | None = None
-        # Learned per-model timeouts under the ceiling (aiq.timeouts); None: the ceiling alone.
-        self._timeouts = timeouts
-        self._cuts: dict[int, int] = {}  # job id -> times a learned timeout cut it
-        # Calls sent before their model's timeout was learned, with when they went: the
-        # first reply that teaches it cuts those already past it (a hang among the first
-        # calls would otherwise hold its sender for the whole ceiling).
-        self._untimed: dict[str | None, dict[asyncio.Timeout, float]] = {}
-        # Every call out, per model, with when it went: a burst's first replies are its
-        # fastest, and those still out say so (aiq.timeouts OUT_SHARE).
-        self._out: dict[str | None, dict[asyncio.Timeout, float]] = {}
-        # Calls under a learned timeout -> when it cuts them; one sweep checks them all
-        # (see _send_timed).
-        self._deadlines: dict[asyncio.Timeout, float] = {}
-        self._sweeper: asyncio.TimerHandle | None = None  # the next sweep, while any is due
+        # Calls cut at their model's learned timeout (aiq.timed_calls); None: the ceiling alone.
+        self._timed = None if timeouts is None else TimedCalls(timeouts, retry.max_attempts)
 
     def close(self) -> None:
         """The run's calls are over: no sweep is left for a later run."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
+        if self._timed is not None:
+            self._timed.close()
 
     async def send(self, job: Job) -> None:
         """Wait for the provider and the budget, then send (released back to queued by the
@@ -174,10 +159,10 @@ class Sender:
             self._testing = ticket
             self._pause_test.watch(lambda: self._testing is ticket, lambda: self._let_in(ticket))
         try:
-            if self._timeouts is None:
+            if self._timed is None:
                 reply = await self._provider.send(job.endpoint, job.body)
             else:
-                reply = await self._send_timed(job, model, self._timeouts)
+                reply = await self._timed.send(self._provider, job, model)
         except ProviderError as err:
             outcome = self._failed(job, err, started, ticket)
             full = err.error_type == "rate_limit" and ticket.limiter.server_full
@@ -188,8 +173,8 @@ class Sender:
             progress.in_flight -= 1
             if self._testing is ticket:
                 self._testing = None
-        if self._cuts and outcome.state != QUEUED:
-            self._cuts.pop(job.id, None)
+        if self._timed is not None and outcome.state != QUEUED:
+            self._timed.done(job.id)
         self._dispatch.finished(outcome)
         if full:
             # A full server's 429: this sender was one too many. It waits out the job's
@@ -281,8 +266,8 @@ class Sender:
             self._probe_jobs.discard(job.id)
         self._breakers.record((job.endpoint, charge.model), False)
         self._refusals.succeeded()
-        if self._timeouts is not None:
-            self._learned(charge.model, finished - started)
+        if self._timed is not None:
+            self._timed.replied(charge.model, finished - started)
         auto = self._auto
         if auto is not None:
             tested = self._tested_in_flight
@@ -377,77 +362,3 @@ class Sender:
         return limiter.rate_limited(
             err.retry_after_s, upper_bound=err.retry_after_upper, ticket=ticket, stated=err.stated
         )
-
-    # -- cut at the learned timeout ------------------------------------------------------
-
-    async def _send_timed(self, job: Job, model: str | None, timeouts: Timeouts) -> Reply:
-        """Send, cut at the model's learned timeout (aiq.timeouts); the ceiling (--timeout)
-        is the transport's read timeout, and applies alone when nothing was learned.
-
-        Cut here rather than in the transport: the bound is on the whole call, whichever
-        provider and transport, and the transport's timeouts stay the few it caches.
-        """
-        last = job.attempts + 1 >= self._retry.max_attempts  # the last gets the whole ceiling
-        limit_s = timeouts.timeout_s(model, cuts=self._cuts.get(job.id, 0), last=last)
-        untimed = None
-        if limit_s is None and not last and timeouts.learned_s(model) is None:
-            untimed = self._untimed.setdefault(model, {})
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        try:
-            # No deadline of asyncio's own: a timer per call (~1,500 in flight at 500/s) cost
-            # ~4% of aiq's CPU in the timer heap. A learned limit is kept in _deadlines, and
-            # one sweep every _SWEEP_S cuts the calls past it the way asyncio.timeout would.
-            async with asyncio.timeout(None) as bound:
-                marks = None
-                if limit_s is not None:
-                    marks = self._deadlines
-                    marks[bound] = start + limit_s
-                    if self._sweeper is None:
-                        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
-                elif untimed is not None:
-                    marks = untimed
-                    marks[bound] = start
-                out = self._out.setdefault(model, {})
-                out[bound] = start
-                timeouts.sending(model, start)
-                try:
-                    return await self._provider.send(job.endpoint, job.body)
-                finally:
-                    del out[bound]
-                    if marks is not None:
-                        marks.pop(bound, None)
-        except TimeoutError:
-            self._cuts[job.id] = self._cuts.get(job.id, 0) + 1
-            took_s = loop.time() - start
-            raise ProviderError(
-                "timeout",
-                f"no reply in {took_s:.1f} s, aiq's timeout learned from this model's replies "
-                f"({timeouts.rule.multiple:g}x their p99); the next attempt waits longer, "
-                f"up to --timeout {timeouts.ceiling_s:g} s",
-                retryable=True,
-                cut=True,
-            ) from None
-
-    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Cut the calls past their learned timeout (a TimeoutError in each, from asyncio's
-        own timeout); look again in _SWEEP_S while any call has one."""
-        now = loop.time()
-        deadlines = self._deadlines
-        for bound in [b for b, at in deadlines.items() if at <= now]:
-            del deadlines[bound]
-            bound.reschedule(now)
-        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if deadlines else None
-
-    def _learned(self, model: str | None, latency_s: float) -> None:
-        """Feed a reply's latency to the timeouts; once the model's is known, cut the calls
-        sent before it that have run past it."""
-        assert self._timeouts is not None
-        out = self._out.get(model, {})
-        now = asyncio.get_running_loop().time()
-        self._timeouts.observe(model, latency_s, now=now, out=out.values())
-        untimed = self._untimed.get(model)
-        if untimed and (limit_s := self._timeouts.timeout_s(model)) is not None:
-            for bound, start in untimed.items():
-                bound.reschedule(start + limit_s)
-            untimed.clear()  # each is cut or answered; their finally finds them gone
