@@ -99,14 +99,10 @@ def test_a_check_the_busy_loop_made_late_looks_again_before_deciding() -> None:
     assert not let_in
 
 
-@pytest.mark.slow
-def test_a_full_gateway_gets_its_slots_back_before_the_tests_reply(tmp_path: Path) -> None:
-    # Two slots, a reply in 1 s, a 429 at the door: startup steps 1, 2, 3, and the third is
-    # refused, its pause to the minute's turn tested by one request. Before, the second slot
-    # waited for that request's reply (1 s idle); now it goes once a 429 would be back.
-    latency_s, jobs = 1.0, 10
-    write_prompts(tmp_path / "p.jsonl", [(f"p{i}", f"slot prompt {i}") for i in range(jobs)])
-    server = FakeServer(limit_mode=fl.ParallelLimit(max_parallel=2), latency_s=latency_s)
+def _run_against(tmp_path: Path, server: FakeServer, jobs: int) -> list:
+    """``aiq run`` of ``jobs`` prompts against ``server``: every one done, exit 0; the POSTs
+    the server saw, in the order they came."""
+    write_prompts(tmp_path / "p.jsonl", [(f"p{i}", f"gateway prompt {i}") for i in range(jobs)])
     with server:
         proc = subprocess.run(
             aiq_cmd("run", "p.jsonl", "--base-url", server.base_url, "--model", "gpt-4o-mini",
@@ -117,6 +113,17 @@ def test_a_full_gateway_gets_its_slots_back_before_the_tests_reply(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["status"]["counts"]["done"] == jobs
     assert len(read_jsonl(tmp_path / "p.results.jsonl")) == jobs
+    return posts
+
+
+@pytest.mark.slow
+def test_a_full_gateway_gets_its_slots_back_before_the_tests_reply(tmp_path: Path) -> None:
+    # Two slots, a reply in 1 s, a 429 at the door: startup steps 1, 2, 3, and the third is
+    # refused, its pause to the minute's turn tested by one request. Before, the second slot
+    # waited for that request's reply (1 s idle); now it goes once a 429 would be back.
+    latency_s = 1.0
+    server = FakeServer(limit_mode=fl.ParallelLimit(max_parallel=2), latency_s=latency_s)
+    posts = _run_against(tmp_path, server, 10)
     refused = [r.received for r in posts if r.status == 429]
     assert refused, "the parallel limit was never met"
     after = [r.received for r in posts if r.status == 200 and r.received > refused[0]]
@@ -146,22 +153,12 @@ def test_a_full_gateway_asking_a_short_wait_near_its_minutes_turn_is_cut_all_the
     # that began 3.2 s before the minute. A wait under 5 s was taken for a busy server's (the
     # simulated provider's random 429s ask 20-220 ms), nothing cut the size, and the senders
     # the pause held all went into the full server as it ended: 14 429s, not 1.
-    jobs = 200
-    write_prompts(tmp_path / "p.jsonl", [(f"p{i}", f"near the turn {i}") for i in range(jobs)])
     server = FakeServer(
         limit_mode=fl.ParallelLimit(max_parallel=8),
         latency_s=0.2,
         limit_clock=_BeforeTheMinute(3.2),
     )
-    with server:
-        proc = subprocess.run(
-            aiq_cmd("run", "p.jsonl", "--base-url", server.base_url, "--model", "gpt-4o-mini",
-                    "--quiet", "--json"),
-            cwd=tmp_path, env=aiq_env(), capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        posts = [r for r in server.requests if r.method == "POST"]
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["status"]["counts"]["done"] == jobs
+    posts = _run_against(tmp_path, server, 200)
     refused = [r for r in posts if r.status == 429]
     assert refused, "the parallel limit was never met"
     assert len(refused) <= 3, [round(r.received - posts[0].received, 3) for r in refused]
