@@ -108,6 +108,10 @@ def _rows() -> dict[str, Row]:
          lambda t0: fl.OpenAIBucket(rpm=1200), ("--rpm", "1200"))  # fmt: skip
     pair("b-per-second", "1,200 rpm as a 20-request bucket", 800,
          lambda t0: fl.PerSecond(rpm=1200), ("--rpm", "1200"))  # fmt: skip
+    # Together's limit per second, unsuffixed (x-ratelimit-limit: 20): read as per minute,
+    # a sixtieth of the quota.
+    pair("b-together", "Together 1,200 rpm as 20 a second, unsuffixed headers", 800,
+         lambda t0: fl.TogetherPerSecond(rpm=1200), ("--rpm", "1200"))  # fmt: skip
     pair("c-litellm", "LiteLLM router rpm 600 per calendar minute (599 pass)", 700,
          lambda t0: fl.LiteLLMRouter(rpm=600), ("--rpm", "600"))  # fmt: skip
     pair("c-azure", "Azure 1,200 rpm as 200 per 10 s window", 800,

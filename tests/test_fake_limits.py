@@ -30,6 +30,7 @@ from fakeserver.modes import (
     OtherClient,
     ParallelLimit,
     PerSecond,
+    TogetherPerSecond,
     build,
     groq_duration,
 )
@@ -135,6 +136,25 @@ def test_per_second_reports_the_per_minute_limit_and_the_short_bucket() -> None:
     # Paced at the limit it never refuses: 1,200 in a minute, one every 50 ms.
     paced = PerSecond(rpm=1200)
     assert len(admitted(paced, [T0 + i * 0.05 for i in range(1200)])) == 1200
+
+
+def test_together_reports_its_limit_per_second_unsuffixed() -> None:
+    mode = TogetherPerSecond(rpm=1200, tpm=60_000)
+    assert burst(mode, T0, 25) == 20
+    assert mode.headers(T0) == {
+        "x-ratelimit-limit": "20",  # a second's, not a minute's
+        "x-ratelimit-remaining": "0",
+        "x-ratelimit-reset": "1.000",
+        "x-tokenlimit-limit": "1000",
+        "x-tokenlimit-remaining": "800",  # (20 of ONE's 10 tokens)
+    }
+    assert mode.headers(T0 + 0.25)["x-ratelimit-remaining"] == "5"
+    no = mode.admit(T0 + 0.25, ONE)
+    assert no is None  # (five left)
+    assert burst(mode, T0 + 0.25, 5) == 4
+    no = mode.admit(T0 + 0.25, ONE)
+    assert no is not None and no.headers == {"retry-after": "1"}
+    assert no.payload["error"]["type"] == "dynamic_request_limited"
 
 
 # -- c. calendar windows: LiteLLM's minute, Azure's ten seconds -----------------------------------

@@ -122,3 +122,10 @@ def test_azures_window_with_neither_limit_nor_reset_is_read_from_its_first_429()
     assert lim.limits.rpm == 1200  # 200 (the most left, and the one that saw it) per 10 s
     lim.pause(0.0)
     assert drain(lim, clock, 1)[0] == pytest.approx(1010.0, abs=1e-3)
+
+
+def test_a_count_the_headers_give_is_the_windows_per_its_reset() -> None:
+    # Together's x-ratelimit-limit: 10 a second, a reset under a second: 600 a minute.
+    implied = ImpliedLimit()
+    assert implied.sample(3, 0.7, count=10) == 600
+    assert implied.sample(9, 0.1, count=10) == 600  # (the count, not the most seen left)

@@ -318,6 +318,8 @@ CASES: dict[str, Case] = {
     "a-openai-at-once": _bucket(3000, 3000, 200, lambda: fl.OpenAIBucket(rpm=3000)),
     # b. 6,000/min enforced as a bucket of 100 at 100 a second: 100 at once, 200 in 2 s.
     "b-per-second": _bucket(6000, 100, 300, lambda: fl.PerSecond(rpm=6000)),
+    # b. Together: the same, its limit per second unsuffixed (x-ratelimit-limit: 100).
+    "b-together": _bucket(6000, 100, 300, lambda: fl.TogetherPerSecond(rpm=6000)),
     # c. LiteLLM's router: 599 a UTC minute, 200 jobs, all at once (paced: 20 s).
     "c-litellm": _windows(lambda: fl.LiteLLMRouter(rpm=600), 200, 600, 599, 60),
     # c. Azure: 1,200/min as 200 a 10 s window; the window turns 2 s in: 200, then 100.
@@ -506,10 +508,11 @@ T0 = 1_800_000_000.0  # a whole minute of the epoch
     [
         (lambda: fl.OpenAIBucket(rpm=300), 300, 5, 315),
         (lambda: fl.PerSecond(rpm=6000), 100, 100, 300),
+        (lambda: fl.TogetherPerSecond(rpm=6000), 100, 100, 300),
         (lambda: fl.GroqDaily(rpd=14_400, rpm=300), 300, 5, 315),
         (lambda: fl.AnthropicBuckets(rpm=300, itpm=10**7, otpm=10**7), 300, 5, 315),
     ],
-    ids=["openai", "per-second", "groq", "anthropic"],
+    ids=["openai", "per-second", "together", "groq", "anthropic"],
 )
 def test_the_bucket_judges_agree_with_an_ideal_client(
     make: Callable[[], fl.Mode], capacity: float, per_s: float, jobs: int

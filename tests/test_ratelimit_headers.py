@@ -99,6 +99,28 @@ def test_anthropic_headers() -> None:
     assert info == RateLimitInfo(Window(50, 0, 7.0), Window(40_000, 39_000, 1.0))
 
 
+def test_together_unsuffixed_headers_are_a_windows_count_not_a_limit() -> None:
+    # Together's limit per second: a count for the window its resets imply, never per minute.
+    info = parse_rate_limit_headers(
+        {
+            "x-ratelimit-limit": "10",
+            "x-ratelimit-remaining": "7",
+            "x-ratelimit-reset": "0.3",
+            "x-tokenlimit-limit": "5000",
+            "x-tokenlimit-remaining": "4200",
+        },
+        NOW,
+    )
+    assert info.requests == Window(None, 7, 0.3, count=10)
+    assert info.tokens == Window(None, 4200, None, count=5000)
+    # OpenAI's names, where they are sent, are what is read.
+    both = parse_rate_limit_headers(
+        {"x-ratelimit-limit": "10", "x-ratelimit-limit-requests": "600"}, NOW
+    )
+    assert both.requests == Window(600, None, None)
+    assert read_rate_limits({"x-tokenlimit-remaining": "4200"}) is not None
+
+
 def test_no_headers_and_garbage() -> None:
     assert parse_rate_limit_headers({}, NOW).empty
     info = parse_rate_limit_headers(

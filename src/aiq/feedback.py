@@ -114,7 +114,7 @@ class Feedback:
         if window.remaining is None:
             return window
         implied = self._implied.setdefault(kind, ImpliedLimit())
-        limit = implied.sample(window.remaining, window.reset_s)
+        limit = implied.sample(window.remaining, window.reset_s, window.count)
         return window if limit is None else Window(limit, window.remaining, window.reset_s)
 
     def _refused_window(self, now: float, retry_after_s: float, ticket: Ticket | None) -> None:

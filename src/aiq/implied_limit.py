@@ -2,7 +2,8 @@
 limit: Azure OpenAI's docs name only ``x-ratelimit-remaining-requests`` and ``-tokens``, and
 it evaluates its limits over windows of 1 or 10 s (PROVIDERS.md). Without a limit the reply's
 window went unread, and its 429s taught a minute's count it does not keep: 0.48 of the
-quota, a quarter of the calls refused.
+quota, a quarter of the calls refused. Together's unsuffixed ``x-ratelimit-limit`` is such a
+window's count, per second: read as per minute it would pace at a sixtieth.
 
 A window holds at least the most it was seen to have left (and the one request that saw it),
 and lasts at least the longest reset seen, so the limit is taken as that many per that long,
@@ -42,10 +43,12 @@ class ImpliedLimit:
         windows = math.floor((at - last) / span + 1e-6)
         self._span_s = max(span, (at - last) / windows)
 
-    def sample(self, remaining: int, reset_s: float | None) -> int | None:
+    def sample(self, remaining: int, reset_s: float | None, count: int | None = None) -> int | None:
         """The limit per minute after one more sample, or None if none is implied yet (no
-        reset seen: a 429's exact ``retry-after`` is one) or the window is too long to."""
-        self._most = max(self._most, remaining + 1.0)
+        reset seen: a 429's exact ``retry-after`` is one) or the window is too long to.
+        ``count``: how many the window holds, where the headers say (Together's limit per
+        second, unsuffixed), else the most seen left is all that shows it."""
+        self._most = max(self._most, remaining + 1.0, float(count or 0))
         if reset_s is not None:
             if reset_s > _LONGEST_S:
                 return None

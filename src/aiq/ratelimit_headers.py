@@ -6,6 +6,12 @@ durations (``1s``, ``6m0s``, ``120ms``, ``59.99s``, ``1h2m3.5s``). Anthropic sen
 times, and its input and output token limits apart as ``-input-tokens-*`` and
 ``-output-tokens-*`` (``tokens-*`` is then the most restrictive of the two). Each describes the
 same thing: how much of the current window is left and when it refills.
+
+Together sends them unsuffixed, ``x-ratelimit-{limit,remaining,reset}`` for requests and
+``x-tokenlimit-{limit,remaining}`` for tokens, its limit per **second** (PROVIDERS.md; public
+clients multiply it by 60), and other gateways use the same names per minute or per hour. So
+an unsuffixed limit is read as a window's ``count``, its length unknown: what its resets
+imply (aiq.implied_limit) makes it a rate, never the name.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ class Window:
     limit: int | None
     remaining: int | None
     reset_s: float | None
+    # A limit per a window of unknown length (Together's unsuffixed ``x-ratelimit-limit``):
+    # not a per-minute limit, only how many the window holds (aiq.implied_limit).
+    count: int | None = None
 
 
 NO_WINDOW = Window(None, None, None)
@@ -56,7 +65,7 @@ class RateLimitInfo:
         return all(
             v is None
             for w in (self.requests, self.tokens, self.input_tokens, self.output_tokens)
-            for v in (w.limit, w.remaining, w.reset_s)
+            for v in (w.limit, w.remaining, w.reset_s, w.count)
         )
 
     @property
@@ -114,7 +123,8 @@ def _reset(value: str | None, now: datetime) -> float | None:
 
 
 def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateLimitInfo:
-    """Every budget from OpenAI or Anthropic headers (lower-case keys); missing parts are None."""
+    """Every budget from OpenAI, Anthropic or Together headers (lower-case keys); missing parts
+    are None."""
 
     def window(names: tuple[str, ...]) -> Window:
         limit, remaining, reset, *anthropic = names
@@ -124,11 +134,26 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now: datetime) -> RateL
             _int(headers.get(limit)), _int(headers.get(remaining)), _reset(headers.get(reset), now)
         )
 
+    requests, tokens = window(_NAMES["requests"]), window(_NAMES["tokens"])
+    if requests == NO_WINDOW:
+        requests = _unsuffixed(headers, _UNSUFFIXED["requests"], now)
+    if tokens == NO_WINDOW:
+        tokens = _unsuffixed(headers, _UNSUFFIXED["tokens"], now)
     return RateLimitInfo(
-        window(_NAMES["requests"]),
-        window(_NAMES["tokens"]),
-        window(_NAMES["input-tokens"]),
-        window(_NAMES["output-tokens"]),
+        requests, tokens, window(_NAMES["input-tokens"]), window(_NAMES["output-tokens"])
+    )
+
+
+def _unsuffixed(headers: Mapping[str, str], names: tuple[str, str, str], now: datetime) -> Window:
+    """Together's window (see the module's docstring): a count, what is left, the reset."""
+    count, remaining, reset = names
+    if count not in headers and remaining not in headers:
+        return NO_WINDOW
+    return Window(
+        None,
+        _int(headers.get(remaining)),
+        _reset(headers.get(reset), now),
+        count=_int(headers.get(count)),
     )
 
 
@@ -143,7 +168,13 @@ _NAMES = {
 }
 
 
-_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+_UNSUFFIXED = {
+    "requests": ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"),
+    "tokens": ("x-tokenlimit-limit", "x-tokenlimit-remaining", "x-tokenlimit-reset"),
+}
+
+
+_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "x-tokenlimit-")
 RATE_LIMIT_PREFIXES = tuple(p.encode() for p in _PREFIXES)  # as raw header names
 
 

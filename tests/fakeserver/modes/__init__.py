@@ -35,6 +35,7 @@ from .providers import (
     LiteLLMRouter,
     OpenAIBucket,
     PerSecond,
+    TogetherPerSecond,
 )
 from .situations import FlexCapacity, Headerless, OtherClient, ParallelLimit, SpendLimit
 
@@ -57,6 +58,7 @@ __all__ = [
     "PerSecond",
     "Refused",
     "SpendLimit",
+    "TogetherPerSecond",
     "build",
     "groq_duration",
     "openai_duration",
@@ -66,6 +68,7 @@ __all__ = [
 MODES: dict[str, Callable[..., Mode]] = {
     "openai": OpenAIBucket,
     "per-second": PerSecond,
+    "together": TogetherPerSecond,
     "litellm": LiteLLMRouter,
     "azure": AzureWindows,
     "groq": GroqDaily,

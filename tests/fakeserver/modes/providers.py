@@ -77,6 +77,50 @@ class PerSecond(OpenAIBucket):
         super().__init__(rpm=rpm, tpm=tpm, burst_s=1.0)
 
 
+class TogetherPerSecond(OpenAIBucket):
+    """Together AI: requests (and tokens) per second, as a bucket of a second's worth refilled
+    continuously, reported unsuffixed: ``x-ratelimit-limit`` the requests a second,
+    ``x-ratelimit-remaining`` the bucket's level, ``x-ratelimit-reset`` the seconds until it
+    is full again; ``x-tokenlimit-limit`` / ``-remaining`` the same for tokens, no reset.
+
+    Source: PROVIDERS.md ("``x-ratelimit-limit`` in requests per second (curator multiplies
+    by 60)"); Together's support article "Rate limits" names the three request headers ("the
+    time until the rate limit ... resets to its initial state"), and public clients read them
+    as per second (one converts with ``limit * 60``). The reset's format is *unverified*:
+    written here as bare seconds (``0.35``), as a client that reads it with ``parseInt``
+    expects a number. A 429 asks ``retry-after`` in whole seconds; its error type is the
+    ``dynamic_request_limited`` of Together's dynamic-limits docs.
+    """
+
+    def __init__(self, *, rpm: int | None = None, tpm: int | None = None) -> None:
+        super().__init__(rpm=rpm, tpm=tpm, burst_s=1.0)
+
+    def admit(self, now: float, cost: Cost) -> Refused | None:
+        refused = super().admit(now, cost)
+        if refused is None:
+            return None
+        kind = "request" if "requests" in refused.payload["error"]["message"] else "token"
+        wait_s = float(refused.headers.get("retry-after-ms", "1000")) / 1000
+        error = {
+            "message": f"You have exceeded your {kind} rate limit. Please slow down.",
+            "type": f"dynamic_{kind}_limited",
+            "code": None,
+        }
+        return Refused({"error": error}, {"retry-after": str(max(1, math.ceil(wait_s)))})
+
+    def headers(self, now: float) -> dict[str, str]:
+        headers = {}
+        for kind, names in (("requests", ("ratelimit", True)), ("tokens", ("tokenlimit", False))):
+            if kind not in self.buckets:
+                continue
+            bucket, (prefix, reset) = self.buckets[kind], names
+            headers[f"x-{prefix}-limit"] = str(int(bucket.capacity))
+            headers[f"x-{prefix}-remaining"] = str(max(0, math.floor(bucket.level(now))))
+            if reset:
+                headers[f"x-{prefix}-reset"] = f"{bucket.full_in(now):.3f}"
+        return headers
+
+
 class LiteLLMRouter(Mode):
     """LiteLLM proxy's router limits (``rpm:`` / ``tpm:`` on a deployment): counts per calendar
     minute (its cache key is the UTC ``%H-%M``), so they restart at :00 whatever came at :59;
