@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from .booking_log import Booking
 from .budget import CALENDAR_MARGIN_S, WINDOW_S, Budget
 from .implied_limit import ImpliedLimit
+from .left_cap import LeftCap
 from .ratelimit_headers import RateLimitInfo, StatedLimit, Window
 from .refusal_limit import TURN_MARGIN_S, RefusalLimit
 from .slot_waits import SlotWaits
@@ -46,6 +47,7 @@ class Feedback:
     _split: SplitTokens | None
     _refusal: RefusalLimit
     _implied: dict[str, ImpliedLimit]
+    _left: LeftCap
     _slots: SlotWaits
     _first_at: float | None
     _full_from: float | None
@@ -73,6 +75,8 @@ class Feedback:
                 window = self._implied_window(kind, window)
             if budget is None:
                 if not window.limit:
+                    if kind == "requests" and window.remaining is not None and ticket:
+                        self._left_sample(window, ticket.sent_at, now)
                     continue
                 if kind == "tokens" and info.split_tokens:
                     # Anthropic's ``tokens-*`` is the tighter of its input and output limits:
@@ -108,6 +112,13 @@ class Feedback:
             rebook = split or rebook
         if rebook:
             self._rebook_all(now)
+
+    def _left_sample(self, window: Window, sent_at: float, now: float) -> None:
+        """What a window with no limit yet has left, from the reply to a request sent at
+        ``sent_at``: a cap until a limit is known (aiq.left_cap)."""
+        assert window.remaining is not None
+        if self._left.sample(window.remaining, sent_at, now):
+            self._slots.wake_all()
 
     def _implied_window(self, kind: str, window: Window) -> Window:
         """A window with no limit (Azure's), given the limit its samples imply, if they do."""

@@ -23,6 +23,7 @@ from .booking_log import Booking
 from .budget import HEADROOM, WINDOW_S, Budget, RequestTooLarge
 from .feedback import Feedback
 from .implied_limit import ImpliedLimit
+from .left_cap import LeftCap
 from .refusal_limit import PROBE_WAIT_S, RefusalLimit
 from .slot_waits import SlotWaits
 from .split_tokens import NO_SPLIT, SplitCost, SplitTokens
@@ -88,6 +89,8 @@ class RateLimiter(Feedback):
         self._refusal = RefusalLimit(headroom=headroom)
         # Windows that show what is left but no limit (Azure's): the limit their samples imply.
         self._implied: dict[str, ImpliedLimit] = {}
+        # ...and before anything implies one, what such a window has left caps requests.
+        self._left = LeftCap()
         self.learned: bool = False  # whether any limit came from the provider's headers
         # Input and output token limits apart, once a reply's headers show them (Anthropic).
         self._split: SplitTokens | None = None
@@ -161,8 +164,8 @@ class RateLimiter(Feedback):
             self._first_at = now
         if self._refusal.pending is not None:
             self._confirm(now)
-        if self._unpaced() and self._paused_until <= now:
-            return Ticket(0, 0, self, sent_at=now)
+        if self._unpaced() and self._paused_until <= now and self._left_open():
+            return self._went(Ticket(0, 0, self, sent_at=now))
         return None
 
     async def acquire(self, prompt_tokens: int = 0, reserved: int = 0) -> Ticket:
@@ -176,14 +179,14 @@ class RateLimiter(Feedback):
             self._first_at = now
         if self._refusal.pending is not None:
             self._confirm(now)
-        if self._unpaced() and self._paused_until <= now:
+        if self._unpaced() and self._paused_until <= now and self._left_open():
             ticket.sent_at = now
-            return ticket  # nothing to pace (yet): the common case without limits
+            return self._went(ticket)  # nothing to pace (yet): the common case without limits
         while True:
             now = self._clock()
             if self._full_pass and self._unpaced():
                 self._full_pass, ticket.sent_at, ticket.full_probe = False, now, True
-                return ticket  # through the pause: does the server take it? (answered)
+                return self._went(ticket)  # through the pause: does the server take it?
             at = self._book(ticket, now)
             generation = self._slots.generation
             if at == math.inf:  # a probe is out (a limit learned from 429s): nothing booked
@@ -195,11 +198,25 @@ class RateLimiter(Feedback):
                 self._confirm(self._clock())
             if self._paused_until <= at and self._slots.generation == generation:
                 ticket.sent_at = at
-                return ticket
+                return self._went(ticket)
             # A pause began while this request waited for its slot, or a lower limit was
             # learned: give the slot back and book again, so the pause is kept and its end is
             # paced too, or the slot is paced to the new limit.
             self.refund(ticket)
+
+    def _left_open(self) -> bool:
+        """Whether what a window showed left (aiq.left_cap) lets one more go now."""
+        return self._left.open or not self._left_capped()
+
+    def _left_capped(self) -> bool:
+        """Whether what a window showed left caps requests: no request limit is known."""
+        return self._left.active and self._requests is None
+
+    def _went(self, ticket: Ticket) -> Ticket:
+        """``ticket`` goes (counted against what was left, where that caps requests)."""
+        if self._left_capped():
+            self._left.sent(ticket.sent_at, ticket)
+        return ticket
 
     def _confirm(self, now: float) -> None:
         """A row of 429s put off may show a limit by now (:meth:`RefusalLimit.confirm`)."""
@@ -251,10 +268,14 @@ class RateLimiter(Feedback):
         self._deferred_until = at + pace
         return at - now
 
-    def _ready_at(self, at: float, cost: float, split: SplitCost = NO_SPLIT) -> float:
+    def _ready_at(
+        self, at: float, cost: float, split: SplitCost = NO_SPLIT, owner: Ticket | None = None
+    ) -> float:
         """The first time from ``at`` that one request of ``cost`` tokens (``split``: input
         and output tokens apart) fits every budget."""
         requests, tokens = self._paced_requests(), self._tokens
+        if self._left_capped():
+            at = self._left.ready_at(at, owner)
         if self._refusal.limit is not None:
             at = self._refusal.ready_at(at)
         if requests is not None:
@@ -276,7 +297,7 @@ class RateLimiter(Feedback):
         split = NO_SPLIT
         if self._split is not None:
             split = self._split.costs(ticket.prompt_estimate, ticket.reserved)
-        at = self._ready_at(max(now, self._paused_until), cost, split)
+        at = self._ready_at(max(now, self._paused_until), cost, split, ticket)
         if at == math.inf:
             return at
         if self._refusal.limit is not None:
@@ -318,6 +339,7 @@ class RateLimiter(Feedback):
             self._refusal.forget(ticket.window)
         ticket.request = ticket.tokens = ticket.window = None
         ticket.split = (None, None)
+        self._left.release(ticket)
 
     def settle(
         self,
@@ -358,6 +380,8 @@ class RateLimiter(Feedback):
         now = self._clock()
         if ticket is self._let_in:
             self._let_in = None  # (its early pass stands)
+        if not through:
+            self._left.unanswered()
         for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
             if budget is not None and entry is not None:
                 looked = budget.close(entry, now, through=through) or looked  # it went
