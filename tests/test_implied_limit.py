@@ -129,3 +129,17 @@ def test_a_count_the_headers_give_is_the_windows_per_its_reset() -> None:
     implied = ImpliedLimit()
     assert implied.sample(3, 0.7, count=10) == 600
     assert implied.sample(9, 0.1, count=10) == 600  # (the count, not the most seen left)
+
+
+def test_togethers_tokens_per_second_take_the_span_of_its_requests() -> None:
+    # x-tokenlimit-* names no reset; its requests' window (resets under a second) is the same
+    # second: 5,000 tokens a second are 300,000 a minute, not unread.
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep)
+    lim.observe(
+        unlimited_info(
+            requests=Window(None, 7, 0.3, count=10), tokens=Window(None, 4200, None, count=5000)
+        )
+    )
+    assert lim.limits.rpm == 600
+    assert lim.limits.tpm == 300_000

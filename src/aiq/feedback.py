@@ -124,8 +124,14 @@ class Feedback:
         """A window with no limit (Azure's), given the limit its samples imply, if they do."""
         if window.remaining is None:
             return window
+        reset_s = window.reset_s
+        requests = self._implied.get("requests")
+        if reset_s is None and window.count and kind == "tokens" and requests is not None:
+            # Together's tokens per second name no reset: its requests' window, the same
+            # second, says how long.
+            reset_s = requests.span_s
         implied = self._implied.setdefault(kind, ImpliedLimit())
-        limit = implied.sample(window.remaining, window.reset_s, window.count)
+        limit = implied.sample(window.remaining, reset_s, window.count)
         return window if limit is None else Window(limit, window.remaining, window.reset_s)
 
     def _refused_window(self, now: float, retry_after_s: float, ticket: Ticket | None) -> None:

@@ -43,6 +43,11 @@ class ImpliedLimit:
         windows = math.floor((at - last) / span + 1e-6)
         self._span_s = max(span, (at - last) / windows)
 
+    @property
+    def span_s(self) -> float | None:
+        """How long the window is taken to be (None: no reset seen yet)."""
+        return self._span_s
+
     def sample(self, remaining: int, reset_s: float | None, count: int | None = None) -> int | None:
         """The limit per minute after one more sample, or None if none is implied yet (no
         reset seen: a 429's exact ``retry-after`` is one) or the window is too long to.
