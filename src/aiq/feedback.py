@@ -208,6 +208,12 @@ class Feedback:
         end before its time, so the refused job is held by it, not by its own wait."""
         return self._full_from is not None
 
+    def _let_in_refused(self) -> None:
+        """The pause's test, taken as let in (aiq.pause_test), was refused after all: a slow
+        429, not a full server's. Its 429 pauses as a first would."""
+        self._let_in = None
+        self._refusal.full_known = False
+
     def _test_pause(self, ticket: Ticket | None, *, exact: bool, now: float) -> None:
         """Whether the pause a 429 brings is tested by one request (RateLimiter.answered)."""
         if ticket is not None and ticket.full_probe:
@@ -244,10 +250,7 @@ class Feedback:
         """
         now = self._clock()
         if ticket is not None and ticket is self._let_in:
-            # The pause's test, taken as let in (aiq.pause_test), was refused after all: a
-            # slow 429, not a full server's. This one pauses as a first would.
-            self._let_in = None
-            self._refusal.full_known = False
+            self._let_in_refused()
         if retry_after_s is not None and not upper_bound:
             self._refused_window(now, retry_after_s, ticket)
         if stated is not None:

@@ -156,8 +156,7 @@ class Sender:
         self._dispatch.sent(job.id)  # its attempt is counted at the next store cycle
         started = self._wall()
         if ticket.full_probe:
-            self._testing = ticket
-            self._pause_test.watch(lambda: self._testing is ticket, lambda: self._let_in(ticket))
+            self._watch_test(ticket)
         try:
             if self._timed is None:
                 reply = await self._provider.send(job.endpoint, job.body)
@@ -177,14 +176,17 @@ class Sender:
             self._timed.done(job.id)
         self._dispatch.finished(outcome)
         if full:
-            # A full server's 429: this sender was one too many. It waits out the job's
-            # backoff before taking another (the others go on), or it would send the next job
-            # into the same full server at once, a 429 a millisecond.
-            wait_s = max(0.0, outcome.next_at - self._wall())
-            if self._auto is None:
-                await asyncio.sleep(wait_s)
-            else:
-                await self._auto.one_too_many(cuts, wait_s)
+            await self._one_too_many(outcome, cuts)
+
+    async def _one_too_many(self, outcome: Outcome, cuts: int) -> None:
+        """A full server's 429: this sender was one too many. It waits out the job's backoff
+        before taking another (the others go on), or it would send the next job into the
+        same full server at once, a 429 a millisecond."""
+        wait_s = max(0.0, outcome.next_at - self._wall())
+        if self._auto is None:
+            await asyncio.sleep(wait_s)
+        else:
+            await self._auto.one_too_many(cuts, wait_s)
 
     async def _acquire(
         self, job: Job, limiter: RateLimiter, cost: tokens.TokenCost | None
@@ -215,6 +217,11 @@ class Sender:
         limiter.refund(ticket)
         self._dispatch.defer(job.id, self._wall())
         return None
+
+    def _watch_test(self, ticket: Ticket) -> None:
+        """The pause's test goes out: let in once a 429 would be back (aiq.pause_test)."""
+        self._testing = ticket
+        self._pause_test.watch(lambda: self._testing is ticket, lambda: self._let_in(ticket))
 
     def _let_in(self, ticket: Ticket) -> None:
         """The pause's test is out past the time a 429 takes (aiq.pause_test): the server let
