@@ -88,3 +88,41 @@ def test_a_server_that_has_let_nothing_through_is_not_tested() -> None:
     (first,) = _out(lim, clock, 1)
     assert _refused(lim, first, 5.0) == 5.0
     assert not lim.pause_tested and not lim.server_full
+
+
+def _tested(lim: RateLimiter, clock: FakeClock) -> Ticket:
+    """Nine out at a parallel limit of 8, the ninth refused, a slot freed: the pause's test."""
+    *admitted, ninth = _out(lim, clock, 9)
+    lim.settle(admitted.pop(0), 0)
+    _refused(lim, ninth, 52.9)
+    lim.settle(admitted.pop(0), 0)
+
+    async def probe() -> Ticket:
+        return await asyncio.wait_for(lim.acquire(), 1)
+
+    test = asyncio.run(probe())
+    assert test.full_probe
+    return test
+
+
+def test_a_test_let_in_before_its_reply_ends_the_pause_at_once() -> None:
+    # aiq.pause_test: out past the time a 429 takes, it was let in; its reply adds nothing.
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: clock.now)
+    test = _tested(lim, clock)
+    lim.let_in(test)
+    assert lim.server_full and lim.paused_s() == 0 and not lim.pause_tested
+    assert lim.ticket_now() is not None  # the others go now, not at the test's reply
+    lim.settle(test, 0)
+    assert lim.server_full
+
+
+def test_a_test_let_in_and_then_refused_is_a_window_after_all() -> None:
+    # A 429 slower than any before: the early pass is undone, and this 429 pauses.
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: clock.now)
+    test = _tested(lim, clock)
+    lim.let_in(test)
+    assert _refused(lim, test, 49.9) is not None
+    assert not lim.server_full
+    assert lim.paused_s() > 49 and lim.ticket_now() is None
