@@ -233,7 +233,7 @@ class RateLimiter(Feedback):
             self._requests is None
             and self._tokens is None
             and self._split is None
-            and self._refusal.limit is None
+            and not self._refusal.books
         )
 
     def _budgets(self) -> list[Budget]:
@@ -276,7 +276,7 @@ class RateLimiter(Feedback):
         requests, tokens = self._paced_requests(), self._tokens
         if self._left_capped():
             at = self._left.ready_at(at, owner)
-        if self._refusal.limit is not None:
+        if self._refusal.books:
             at = self._refusal.ready_at(at)
         if requests is not None:
             at = requests.ready_at(at, 1)
@@ -300,7 +300,7 @@ class RateLimiter(Feedback):
         at = self._ready_at(max(now, self._paused_until), cost, split, ticket)
         if at == math.inf:
             return at
-        if self._refusal.limit is not None:
+        if self._refusal.books:
             ticket.window = self._refusal.book(at)
         if (requests := self._paced_requests()) is not None:
             ticket.request = requests.book(at, 1)

@@ -74,7 +74,7 @@ class RefusalLimit:
         self._era = 0
         self._confirmed = True  # windows after the learned one start where it ended
         self._probe_at = math.inf  # not confirmed: when one request may go alone
-        self._probe_out = False
+        self._probe: Booking | None = None  # the probe out, if one is
         self._probes = 0  # refused since the 429 that began guessing
         self.paced: Budget | None = None  # a server whose windows are not fixed: the pace
         self._raised_at = -math.inf  # paced: the last 429 or raise
@@ -125,10 +125,13 @@ class RefusalLimit:
             self._raise(now)
             return False
         if self.limit is None:
-            return False
+            if self._confirmed or sent_at < self._probe_at:
+                return False
+            self._confirmed, self._probe, self._probe_at = True, None, math.inf
+            return True  # a look got through: that 429 was no window's (all may go)
         if not self._confirmed and sent_at >= self._probe_at:
             # The probe's window began by the time it went: the next begins a minute later.
-            self._confirmed, self._probe_out, self._probe_at = True, False, math.inf
+            self._confirmed, self._probe, self._probe_at = True, None, math.inf
             self._learned = (self._learned[0], min(self._learned[1], sent_at))
             self._start_windows(sent_at + SPAN_S, 1.0)
             return True
@@ -170,6 +173,8 @@ class RefusalLimit:
             self._row_from = start
         self._in_a_row += 1
         told = met is not None
+        if self.limit is None and not told and not exact:
+            self._look(now, start, window_end)
         if self.limit is None and not met and (told or self._in_a_row < IN_A_ROW):
             return  # not yet a limit's, or not the configured one's window
         if self.limit is None and not met and now - self._row_from < self._slowest_s():
@@ -179,7 +184,7 @@ class RefusalLimit:
             return
         if self.paced is not None:
             self._lower(now)
-        elif not self._confirmed and now >= self._probe_at:
+        elif self.limit is not None and not self._confirmed and now >= self._probe_at:
             self._probe_refused(now, window_end)
         elif self.limit is not None and start < self._learned[1]:
             # Another of the round that taught the limit (in flight together), or one sent
@@ -189,6 +194,24 @@ class RefusalLimit:
             self._refused_after_turn(now)
         else:
             self._learn(now, window_end, exact=exact, bound=bound)
+
+    def _look(self, now: float, sent_at: float, window_end: float) -> None:
+        """A 429 naming no turn, with no limit known: too few yet to tell a window's from a
+        busy server's, so as its pause ends one request looks first and the rest wait for
+        its answer (they all went together into a spent minute: 98 429s for 400 jobs). The
+        look refused, the next goes two, four... seconds after; through, the rest go."""
+        if self._confirmed:
+            self._confirmed, self._probe, self._probes = False, None, 0
+            # As the 429's own pause ends, whatever it is; any sent by now is no look.
+            self._probe_at = math.nextafter(now, math.inf)
+        elif sent_at >= self._probe_at:
+            self._probe_refused(now, window_end)
+
+    @property
+    def books(self) -> bool:
+        """Whether requests are booked here (:meth:`ready_at`): a limit learned, or a look
+        out after a 429 before any was."""
+        return self.limit is not None or not self._confirmed
 
     def confirm(self, now: float) -> bool:
         """A row of 429s put off (:attr:`pending`) that has stood a latency with none of the
@@ -208,7 +231,7 @@ class RefusalLimit:
         that, at the next guess."""
         self._probes += 1
         turn = self._learned[1] if now < self._learned[1] else window_end
-        self._probe_out = False
+        self._probe = None
         self._probe_at = min(turn, now + CHECK_S * 2**self._probes)
 
     def _refused_after_turn(self, now: float) -> None:
@@ -234,14 +257,18 @@ class RefusalLimit:
             if self.limit is None:
                 return  # nothing got through to learn from: the 429's own pause is all
             got = self.limit  # a probe refused: the window had not turned
+        looked = self.limit is None and not self._confirmed  # (looks went before: see _look)
         self.limit, self._learned = got, (start, window_end)
         self._start_windows(window_end, got)
         self._confirmed = exact
         # A router's bound: its minutes are the clock's, the first look at their turn (a look
         # a second on, then two, four..., cost LiteLLM's router rows 1.2% of calls in 429s).
-        self._probe_at = math.inf if exact else window_end if bound else now + CHECK_S
+        # With no hint the looks refused before go on doubling.
+        self._probes = self._probes if looked else 0
+        later_s = CHECK_S * 2**self._probes
+        self._probe_at = math.inf if exact else window_end if bound else now + later_s
         self._probe_at = min(self._probe_at, window_end)
-        self._probe_out, self._probes = False, 0
+        self._probe = None
 
     def wait_s(
         self, now: float, retry_after_s: float | None, *, upper_bound: bool, minute_s: float
@@ -255,7 +282,7 @@ class RefusalLimit:
         if retry_after_s is not None and upper_bound:
             first_s = probe_in_s if self.limit is not None else CHECK_S
             return min(retry_after_s, minute_s, first_s)
-        if retry_after_s is None and probe_in_s < math.inf:
+        if retry_after_s is None and probe_in_s < math.inf and self.limit is not None:
             return probe_in_s
         return retry_after_s
 
@@ -324,7 +351,7 @@ class RefusalLimit:
         if self.paced is not None:
             return self.paced.ready_at(at, 1.0)
         if not self._confirmed:  # a window guessed at: one probe first
-            return math.inf if self._probe_out else max(at, self._probe_at)
+            return math.inf if self._probe is not None else max(at, self._probe_at)
         limit = self.limit or math.inf
         k = first = self._index(at)
         while self._booked.get(k, 0.0) + 1 > limit:
@@ -336,8 +363,8 @@ class RefusalLimit:
         if self.paced is not None:
             return self.paced.book(at, 1.0)
         if not self._confirmed:
-            self._probe_out = True
-            return Booking(at, 1.0, _PROBE)
+            self._probe = Booking(at, 1.0, _PROBE)
+            return self._probe
         k = self._index(at)
         booked = self._booked
         booked[k] = booked.get(k, 0.0) + 1
@@ -350,7 +377,8 @@ class RefusalLimit:
         """The booking was never sent, or the server did not count it (its 429)."""
         if entry.cost:
             if entry.mark == _PROBE:
-                self._probe_out = False
+                if entry is self._probe:  # (not one booked before a new limit's probe)
+                    self._probe = None
             elif entry.mark == _WINDOW - self._era:
                 k = self._index(entry.at)
                 if self._booked.get(k, 0.0) >= 1:
