@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import random
 from collections.abc import Callable
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiq.concurrency import FALLBACK, AutoConcurrency
+from aiq.concurrency import AT_ONCE, FALLBACK, AutoConcurrency
 from aiq.limiter import HEADROOM, RateLimiter
 from aiq.limiters import Limiters
 from aiq.ratelimit_headers import RateLimitInfo, Window
@@ -292,3 +293,47 @@ def test_a_server_that_takes_more_than_the_bound_is_held_there_and_it_says_so() 
     assert auto.size == 64
     assert auto.held_by == "the open-files limit (100)"
     assert auto.senders == 64  # no tasks beyond the bound either
+
+
+@settings(deadline=None)
+@given(
+    latency_s=st.floats(0.01, 30.0),
+    gaps=st.lists(st.one_of(st.just(0.0), st.floats(0.0, 2.0)), min_size=1, max_size=300),
+)
+def test_with_no_limit_known_sends_past_a_few_at_once_are_spaced(
+    latency_s: float, gaps: list[float]
+) -> None:
+    """Sends asked for at any times go when asked or later, in order; in any stretch of time
+    no more than ``AT_ONCE`` and one per spacing go; and one asked for no sooner than a
+    spacing after the last one's turn never waits (the pace costs a steady run nothing)."""
+    now = 0.0
+    auto = AutoConcurrency(Limiters(), 256, clock=lambda: now)
+    assert auto.send_delay_s() == 0.0  # no reply yet: nothing to space by
+    auto.observe(latency_s)
+    spacing = auto.send_spacing_s
+    assert spacing == pytest.approx(latency_s / (2 * auto.size))
+    went: list[float] = []
+    for gap in gaps:
+        now += gap
+        delay = auto.send_delay_s()
+        assert delay >= 0.0
+        if went and now >= went[-1] + spacing * 1.000001 and delay:
+            assert delay <= spacing * 1e-6 + 1e-9  # (float steps)
+        went.append(now + delay)
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(went))
+    for i in range(len(went)):
+        for j in range(i + AT_ONCE, len(went)):
+            # j - i + 1 sends in [went[i], went[j]]: at most AT_ONCE plus one per spacing.
+            assert went[j] - went[i] >= (j - i + 1 - AT_ONCE) * spacing * (1 - 1e-9) - 1e-9
+
+
+def test_a_bunch_of_sends_with_no_limit_known_goes_a_few_at_once_then_spaced() -> None:
+    """Sixty-four asked for at once, replies taking 0.2 s at a size of one: eight go now, the
+    rest a tenth of a second apart (twice the size's rate), none later than needed."""
+    now = 0.0
+    auto = AutoConcurrency(Limiters(), 256, clock=lambda: now)
+    auto.observe(0.2)
+    assert auto.size == 1
+    delays = [auto.send_delay_s() for _ in range(64)]
+    assert delays[:AT_ONCE] == [0.0] * AT_ONCE
+    assert delays[AT_ONCE:] == pytest.approx([0.1 * k for k in range(1, 64 - AT_ONCE + 1)])

@@ -228,6 +228,12 @@ class RateLimiter(Feedback):
         """Whether any limit is known (given, reported or learned from 429s)."""
         return not self._unpaced()
 
+    @property
+    def blind(self) -> bool:
+        """Whether nothing at all is known of the provider's limits: none is known, and no
+        window's ``remaining`` caps requests (aiq.left_cap)."""
+        return self._unpaced() and not self._left_capped()
+
     def _unpaced(self) -> bool:
         return (
             self._requests is None

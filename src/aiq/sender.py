@@ -136,6 +136,9 @@ class Sender:
     ) -> None:
         """Wait for the limiter, send, and hand the outcome to the dispatcher."""
         limiter = self._limiters.for_model(model)
+        auto = self._auto
+        if auto is not None and limiter.blind and (delay_s := auto.send_delay_s()) > 0:
+            await self._sleep(delay_s)
         ticket = limiter.ticket_now()
         if ticket is None:
             try:
