@@ -21,7 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from aiq.booking_log import RECENT_S
-from aiq.budget import BUCKET_SKEW_S, CALENDAR_MARGIN_S
+from aiq.budget import BUCKET_SKEW_S, CALENDAR_MARGIN_S, TURN_MARGIN_S
 from aiq.limiter import HEADROOM, WINDOW_S, Budget, RateLimiter, RequestTooLarge
 from aiq.limiters import Limiters
 from aiq.ratelimit_headers import RateLimitInfo, StatedLimit, Window
@@ -624,8 +624,9 @@ def test_a_window_with_no_reset_is_taken_to_refill_at_the_next_calendar_minute()
     lim.observe(unlimited_info(requests=Window(600, 5, None)))
     times = drain(lim, clock, 7)
     assert times[4] == times[0] == 1000.0
-    # 30 s to the minute's turn, and the margin for clocks that differ.
-    assert times[5] == pytest.approx(1030.5, abs=1e-3)
+    # 30 s to the minute's turn, and a margin for clocks that differ; paced from there
+    # until a reply shows the new minute's count.
+    assert times[5] == pytest.approx(1030.0 + TURN_MARGIN_S, abs=1e-3)
     assert times[6] - times[5] == pytest.approx(60 / 600 / HEADROOM)
 
 
@@ -823,7 +824,7 @@ def test_a_routers_60_s_upper_bound_is_cut_to_its_minutes_turn_under_headers_too
     lim.observe(unlimited_info(requests=Window(600, 0, None)))
     assert lim.limits.rpm == 600  # the headers show the window
     wait_s = lim.rate_limited(60.0, upper_bound=True)
-    assert wait_s is not None and wait_s == pytest.approx(20.5)  # the turn, 0.5 s late
+    assert wait_s is not None and wait_s == pytest.approx(20.0 + TURN_MARGIN_S)  # its look
     assert lim.rate_limited(7.0, upper_bound=False) == 7.0  # an exact hint is kept
 
 
@@ -840,11 +841,13 @@ def test_a_minute_shown_without_a_reset_is_used_whole_from_its_turn_after_a_refu
     # first, then the 429).
     budget.sync(0.6, Window(600, 1, None), entries[-1], minute_left_s=14.4, refused=True)
     budget.stop_bursting(0.6)
-    turn = 15.0 + CALENDAR_MARGIN_S
     first = budget.ready_at(0.6, 1)
-    assert first == pytest.approx(turn)  # at the turn, not at 60 s
-    budget.book(first, 1)
-    budget.sync(first + 0.2, Window(600, 598, None), minute_left_s=59.3)
+    assert first == pytest.approx(15.0 + TURN_MARGIN_S)  # at the turn, not at 60 s
+    entry = budget.book(first, 1)
+    second = budget.ready_at(0.6, 1)  # paced from the turn until a reply shows the minute
+    assert second - first == pytest.approx(60 / (600 * HEADROOM))
+    budget.book(second, 1)
+    budget.sync(first + 0.2, Window(600, 598, None), entry, minute_left_s=59.7)  # its answer
     rest = []
     for _ in range(100):
         rest.append(at := budget.ready_at(first + 0.2, 1))
@@ -883,16 +886,22 @@ class SimCalendarRouter:
         return Window(self.limit, self.limit - self.counts[math.floor(self.wall() / 60)], None)
 
 
+@pytest.mark.parametrize("skew", [0.0, 0.3], ids=["same-clock", "server-behind"])
 @pytest.mark.parametrize("told", [True, False], ids=["configured", "learned"])
-def test_a_calendar_minute_met_by_a_burst_goes_on_whole_at_its_turn(told: bool) -> None:
+def test_a_calendar_minute_met_by_a_burst_goes_on_whole_at_its_turn(
+    told: bool, skew: float
+) -> None:
     """700 jobs against LiteLLM's router at 600 a minute, 15 s before the minute turns: 599
-    at once, one 429, then the other 101 at once from the turn (its half-second margin and a
-    reply or two later), never 600 in a minute. Paced after that 429, the 101 took 10 s; the
-    60-second guard held them a minute from the burst (bench/limit_modes c-litellm)."""
+    at once, one 429, then the other 101 at once from the turn (paced from it until the first
+    reply shows the new minute), never 600 in a minute. Paced after that 429, the 101 took
+    10 s; the 60-second guard held them a minute from the burst (bench/limit_modes
+    c-litellm); a half-second margin cost that much every turn. A server whose clock is
+    behind ours refuses what goes before its own turn: a 429 or two more, and the rest go at
+    the margin, bursting still."""
     clock = SharedClock(1000.0)
     wall = lambda: clock.now + 45.0 - 1000.0  # noqa: E731 (the turn at 1015)
     lim = RateLimiter(rpm=600 if told else None, clock=clock, sleep=clock.sleep, wall=wall)
-    server = SimCalendarRouter(600, wall)
+    server = SimCalendarRouter(600, lambda: wall() - skew)
     sent: list[float] = []
     refused = 0
 
@@ -920,11 +929,19 @@ def test_a_calendar_minute_met_by_a_burst_goes_on_whole_at_its_turn(told: bool) 
         await clock.run([asyncio.ensure_future(sender()) for _ in range(256)])
 
     asyncio.run(go())
-    minutes = Counter(math.floor(wall() - clock.now + t) // 60 for t in sent)
+    minutes = Counter(math.floor(wall() - skew - clock.now + t) // 60 for t in sent)
     assert max(minutes.values()) <= 599, minutes
-    assert refused <= 2
     assert sent[598] < 1002.0  # the minute's count at once (a round trip per 256)
-    assert sent[599] >= 1015.0 and sent[-1] <= 1015.0 + CALENDAR_MARGIN_S + 0.5, sent[599:]
+    if skew:  # refused from our turn until the first 429 came back, then the margin
+        assert refused <= 1 + 2
+        turn = 1015.0 + CALENDAR_MARGIN_S
+        assert turn <= sent[599] and sent[-1] <= turn + 0.5, sent[599:]
+    else:  # paced from the turn, and the first reply lets the rest go
+        assert refused == 1
+        turn = 1015.0 + TURN_MARGIN_S
+        assert sent[599] == pytest.approx(turn, abs=1e-3)
+        # (A reply, and a step of the test clock's look in a slot's wait.)
+        assert sent[-1] <= turn + 0.2 + 0.2 + 0.01, sent[599:]
 
 
 @pytest.mark.parametrize("shown", [True, False], ids=["per-day-header", "no-header"])

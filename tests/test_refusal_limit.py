@@ -23,8 +23,8 @@ from test_limiter import SimBucket, SimFixedWindow
 
 from aiq import backoff
 from aiq.limiter import RateLimiter, Ticket
-from aiq.refusal_limit import TURN_MARGIN_S
 from aiq.refusals import RefusalStreak
+from aiq.window_sync import TURN_MARGIN_S
 
 HINTS = ("retry-after", "retry-after-whole", "llm_provider", None)
 LATENCY_S = 0.05

@@ -21,9 +21,23 @@ from __future__ import annotations
 import math
 
 from .booking_log import Booking, BookingLog
-from .window_sync import CALENDAR_MARGIN_S, EPSILON_S, WINDOW_S, WindowSync, _Share
+from .window_sync import (
+    CALENDAR_MARGIN_S,
+    EPSILON_S,
+    TURN_MARGIN_S,
+    WINDOW_S,
+    WindowSync,
+    _Share,
+)
 
-__all__ = ["CALENDAR_MARGIN_S", "HEADROOM", "WINDOW_S", "Budget", "RequestTooLarge"]
+__all__ = [
+    "CALENDAR_MARGIN_S",
+    "HEADROOM",
+    "TURN_MARGIN_S",
+    "WINDOW_S",
+    "Budget",
+    "RequestTooLarge",
+]
 
 # Pace at this share of a limit: requests leave the event loop a few ms late now and then, so
 # an exact pace would sometimes put one request too many into a provider's one-second window.

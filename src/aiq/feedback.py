@@ -12,13 +12,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from .booking_log import Booking
-from .budget import CALENDAR_MARGIN_S, WINDOW_S, Budget
+from .budget import CALENDAR_MARGIN_S, TURN_MARGIN_S, WINDOW_S, Budget
 from .implied_limit import ImpliedLimit
 from .left_cap import LeftCap
 from .ratelimit_headers import RateLimitInfo, StatedLimit, Window
-from .refusal_limit import TURN_MARGIN_S, RefusalLimit
+from .refusal_limit import RefusalLimit
 from .slot_waits import SlotWaits
 from .split_tokens import SplitTokens
+from .window_sync import early_in_minute
 
 # Told a limit, this share of it sent in a window before a 429 is the limit met.
 _MET = 0.8
@@ -246,7 +247,8 @@ class Feedback:
         that reports no limit has just shown one: what got through in its window
         (:mod:`aiq.refusal_limit`), the window turning when the hint says, or with none, at
         the clock's next minute. A hint that is only an upper bound (LiteLLM's router asks
-        for 60 s, but counts calendar minutes) is cut to that minute's turn.
+        for 60 s, but counts calendar minutes) is cut to that minute's turn; refused just
+        after the turn, by a server whose clock is behind ours, to the turn's margin.
         """
         now = self._clock()
         if ticket is not None and ticket is self._let_in:
@@ -255,17 +257,22 @@ class Feedback:
             self._refused_window(now, retry_after_s, ticket)
         if stated is not None:
             self._follow_stated(stated, now)
-        self._stop_bursting(now)
         # The clock's minute turns after the one the refused request was sent in: a reply
         # that comes back after a turn is the last minute's refusal, not the new one's.
         sent_s = min(max(0.0, now - ticket.sent_at), WINDOW_S) if ticket is not None else 0.0
         wall = self._wall() - sent_s
         to_turn_s = max(0.0, WINDOW_S - wall % WINDOW_S - sent_s)
         if self._headers_rule():
+            assert self._requests is not None
+            if self._requests.calendar and early_in_minute(wall % WINDOW_S):
+                # The old minute's count, by the server's clock: bursts go on from its turn.
+                return max(0.0, CALENDAR_MARGIN_S - wall % WINDOW_S - sent_s)
+            self._stop_bursting(now)
             if upper_bound and retry_after_s is not None:
                 # (LiteLLM's router shows its minute's count in headers too, and asks 60 s.)
-                return min(retry_after_s, to_turn_s + CALENDAR_MARGIN_S)
+                return min(retry_after_s, to_turn_s + TURN_MARGIN_S)
             return retry_after_s
+        self._stop_bursting(now)
         exact = retry_after_s is not None and not upper_bound
         # No headers: a turn guessed at the clock's minute is looked at by one request first
         # (aiq.refusal_limit), so it needs less margin than senders let go into a window.

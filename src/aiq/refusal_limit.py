@@ -51,12 +51,9 @@ LATE_S = 1.0
 # A window guessed at is tried this long after the 429 before its guessed turn: a server
 # whose minute is not the clock's, or that refills sooner, is found then.
 CHECK_S = 1.0
-# A turn guessed at the clock's minute is looked at this long after it. One request goes
-# first, so a server whose clock is further behind costs that one 429 and two seconds;
-# NTP keeps clocks within tens of milliseconds. Senders let go into a window the headers
-# show wait aiq.window_sync's CALENDAR_MARGIN_S instead (half a second cost every headerless
-# turn that much: 3% of a 15 s batch, bench f-litellm-429-configured 0.941).
-TURN_MARGIN_S = 0.1
+# A turn guessed at the clock's minute is looked at aiq.window_sync's TURN_MARGIN_S after
+# it: one request goes first, so a server whose clock is further behind costs that one 429
+# and two seconds.
 
 
 class RefusalLimit:

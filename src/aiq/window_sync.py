@@ -23,6 +23,13 @@ EPSILON_S = 1e-6
 # calendar minute, its cache key the UTC minute): it is taken to refill at the next minute of
 # the clock, this long after, for clocks that differ by a little.
 CALENDAR_MARGIN_S = 0.5
+# A turn the headers show (LiteLLM's router shows its count) is taken this long after the
+# clock's minute, its pace starting over: the first reply from the new minute lets the rest
+# go. NTP keeps clocks within tens of milliseconds; a server's clock further behind refuses
+# what goes before its own turn, and those 429s wait for CALENDAR_MARGIN_S (Budget). At the
+# margin alone every turn cost half a second and a latency (bench c-litellm-configured
+# 0.925). A turn no header shows is looked at by one request so too (aiq.refusal_limit).
+TURN_MARGIN_S = 0.1
 # Senders booked ahead are let go into what a window says is left at most this often: each
 # time wakes every sender. (Whether there is room is looked at on every reply: it costs a sum.)
 REBOOK_EVERY_S = 0.025
@@ -37,6 +44,13 @@ LOOK_S = 1.0
 # A provider's reset no longer than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is what it enforces.
 SHORT_WINDOW_S = 10.0
+
+
+def early_in_minute(since_turn_s: float) -> bool:
+    """Whether a request sent ``since_turn_s`` after the clock's minute turned, and refused
+    by a calendar minute's count, was sent before the server's own turn: its clock behind
+    ours by up to CALENDAR_MARGIN_S. (Its 429 is the old minute's count: no burst refused.)"""
+    return 0.0 <= since_turn_s < CALENDAR_MARGIN_S
 
 
 class _Share:
@@ -132,6 +146,10 @@ class WindowSync:
         rebook = self._follow_limit(now, reported.limit)
         if reported.remaining is None:
             return rebook
+        calendar = reported.reset_s is None and reported.limit is not None and not self.implied
+        since_turn_s = entry.at - (now + minute_left_s - WINDOW_S) if entry is not None else -1
+        if refused and calendar and early_in_minute(since_turn_s):
+            return rebook  # the old minute's count: the server's clock is behind ours
         # What the model of a bucket said before this sample, to learn from the difference.
         predicted = (max(self._own_full_at, self._seen_full_at), self._refill)
         remaining = float(reported.remaining)
@@ -152,12 +170,13 @@ class WindowSync:
         self.burst = own and not self.burst_off and (reset is None or short)
         # A hair after the reset, so a boundary's float rounding never counts it as before.
         until = now + EPSILON_S
-        if reset is None:
+        if calendar:
+            reset = minute_left_s + TURN_MARGIN_S
+        elif reset is None:
+            self.resetless = True
+            sent_at = entry.at if entry is not None else now  # (its reply is a latency old)
             reset = minute_left_s + CALENDAR_MARGIN_S
-            if reported.limit is None or self.implied:  # (not LiteLLM's router: shows it)
-                self.resetless = True
-                sent_at = entry.at if entry is not None else now  # (its reply is a latency old)
-                reset = self._turn_s(now, sent_at, remaining, window_limit, reset)
+            reset = self._turn_s(now, sent_at, remaining, window_limit, reset)
         return self._sync_window(now, remaining, until + reset, entry) or rebook
 
     def _turn_s(
@@ -182,6 +201,12 @@ class WindowSync:
         # the old window's, and the new one is open).
         turns = max(0, math.ceil((sent_at - self._anchor_at) / span_s))
         return self._anchor_at + turns * span_s - now
+
+    @property
+    def calendar(self) -> bool:
+        """Whether the last sample showed a calendar minute's count (a limit, no reset:
+        LiteLLM's router)."""
+        return self._calendar
 
     def anchor(self, turn_at: float) -> None:
         """A 429 named when the window turns (its exact ``retry-after``): a window that shows
