@@ -51,9 +51,6 @@ LATE_S = 1.0
 # A window guessed at is tried this long after the 429 before its guessed turn: a server
 # whose minute is not the clock's, or that refills sooner, is found then.
 CHECK_S = 1.0
-# A turn guessed at the clock's minute is looked at aiq.window_sync's TURN_MARGIN_S after
-# it: one request goes first, so a server whose clock is further behind costs that one 429
-# and two seconds.
 
 
 class RefusalLimit:

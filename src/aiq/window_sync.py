@@ -26,9 +26,11 @@ CALENDAR_MARGIN_S = 0.5
 # A turn the headers show (LiteLLM's router shows its count) is taken this long after the
 # clock's minute, its pace starting over: the first reply from the new minute lets the rest
 # go. NTP keeps clocks within tens of milliseconds; a server's clock further behind refuses
-# what goes before its own turn, and those 429s wait for CALENDAR_MARGIN_S (Budget). At the
-# margin alone every turn cost half a second and a latency (bench c-litellm-configured
-# 0.925). A turn no header shows is looked at by one request so too (aiq.refusal_limit).
+# what goes before its own turn, and those 429s wait for CALENDAR_MARGIN_S (Feedback's
+# rate_limited). At the margin alone every turn cost half a second and a latency (bench
+# c-litellm-configured 0.925). A turn no header shows is looked at this long after it too,
+# one request first (aiq.refusal_limit): a server whose clock is further behind costs that
+# one 429 and two seconds.
 TURN_MARGIN_S = 0.1
 # Senders booked ahead are let go into what a window says is left at most this often: each
 # time wakes every sender. (Whether there is room is looked at on every reply: it costs a sum.)
