@@ -260,21 +260,34 @@ class Feedback:
         # The clock's minute turns after the one the refused request was sent in: a reply
         # that comes back after a turn is the last minute's refusal, not the new one's.
         sent_s = min(max(0.0, now - ticket.sent_at), WINDOW_S) if ticket is not None else 0.0
-        wall = self._wall() - sent_s
-        to_turn_s = max(0.0, WINDOW_S - wall % WINDOW_S - sent_s)
+        since_turn_s = (self._wall() - sent_s) % WINDOW_S  # when it was sent
+        to_turn_s = max(0.0, WINDOW_S - since_turn_s - sent_s)
         if self._headers_rule():
             assert self._requests is not None
-            if self._requests.calendar and early_in_minute(wall % WINDOW_S):
+            if self._requests.calendar and early_in_minute(since_turn_s):
                 # The old minute's count, by the server's clock: bursts go on from its turn.
-                return max(0.0, CALENDAR_MARGIN_S - wall % WINDOW_S - sent_s)
+                return max(0.0, CALENDAR_MARGIN_S - since_turn_s - sent_s)
             self._stop_bursting(now)
             if upper_bound and retry_after_s is not None:
                 # (LiteLLM's router shows its minute's count in headers too, and asks 60 s.)
                 return min(retry_after_s, to_turn_s + TURN_MARGIN_S)
             return retry_after_s
         self._stop_bursting(now)
+        return self._refused_unshown(now, retry_after_s, upper_bound, ticket, to_turn_s)
+
+    def _refused_unshown(
+        self,
+        now: float,
+        retry_after_s: float | None,
+        upper_bound: bool,
+        ticket: Ticket | None,
+        to_turn_s: float,
+    ) -> float | None:
+        """A 429 where no header shows the request limit's window: it shows a limit
+        (:mod:`aiq.refusal_limit`), the window turning when the hint says, or at the clock's
+        next minute (``to_turn_s`` from now); returns the wait, as ``rate_limited``."""
         exact = retry_after_s is not None and not upper_bound
-        # No headers: a turn guessed at the clock's minute is looked at by one request first
+        # A turn guessed at the clock's minute is looked at by one request first
         # (aiq.refusal_limit), so it needs less margin than senders let go into a window.
         minute_s = to_turn_s + TURN_MARGIN_S
         ends_in = minute_s if retry_after_s is None or upper_bound else retry_after_s

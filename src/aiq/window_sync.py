@@ -48,6 +48,13 @@ LOOK_S = 1.0
 SHORT_WINDOW_S = 10.0
 
 
+def _short(remaining: float, reset_s: float, limit: float) -> bool:
+    """Whether a sample shows a short window (per-second or 10-second enforcement): a short
+    reset, and no more left than its seconds' share of the limit (more, with a short reset,
+    is a longer window's count: Groq's requests per day)."""
+    return reset_s <= SHORT_WINDOW_S and remaining <= limit * SHORT_WINDOW_S / WINDOW_S + 1
+
+
 def early_in_minute(since_turn_s: float) -> bool:
     """Whether a request sent ``since_turn_s`` after the clock's minute turned, and refused
     by a calendar minute's count, was sent before the server's own turn: its clock behind
@@ -148,9 +155,8 @@ class WindowSync:
         rebook = self._follow_limit(now, reported.limit)
         if reported.remaining is None:
             return rebook
-        calendar = reported.reset_s is None and reported.limit is not None and not self.implied
         since_turn_s = entry.at - (now + minute_left_s - WINDOW_S) if entry is not None else -1
-        if refused and calendar and early_in_minute(since_turn_s):
+        if refused and self._shows_calendar(reported) and early_in_minute(since_turn_s):
             return rebook  # the old minute's count: the server's clock is behind ours
         # What the model of a bucket said before this sample, to learn from the difference.
         predicted = (max(self._own_full_at, self._seen_full_at), self._refill)
@@ -165,21 +171,37 @@ class WindowSync:
         # What is left may go at once where the provider says its window is short (then
         # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
-        # (A short window holds at most its seconds' share of the limit: more left than
-        # that, with a short reset, is a longer window's count, Groq's requests per day.)
-        short = reset is not None and reset <= SHORT_WINDOW_S
-        short = short and remaining <= window_limit * SHORT_WINDOW_S / WINDOW_S + 1
-        self.burst = own and not self.burst_off and (reset is None or short)
-        # A hair after the reset, so a boundary's float rounding never counts it as before.
-        until = now + EPSILON_S
-        if calendar:
-            reset = minute_left_s + TURN_MARGIN_S
-        elif reset is None:
-            self.resetless = True
-            sent_at = entry.at if entry is not None else now  # (its reply is a latency old)
-            reset = minute_left_s + CALENDAR_MARGIN_S
-            reset = self._turn_s(now, sent_at, remaining, window_limit, reset)
-        return self._sync_window(now, remaining, until + reset, entry) or rebook
+        short = reset is None or _short(remaining, reset, window_limit)
+        self.burst = own and not self.burst_off and short
+        turn_s = self._turn_in_s(now, reported, entry, remaining, window_limit, minute_left_s)
+        # (A hair after the turn, so a boundary's float rounding never counts it as before.)
+        return self._sync_window(now, remaining, now + EPSILON_S + turn_s, entry) or rebook
+
+    def _shows_calendar(self, reported: Window) -> bool:
+        """Whether a sample is a calendar minute's count: a limit, no reset (LiteLLM's
+        router; Azure's shows no limit, or one only implied)."""
+        return reported.reset_s is None and reported.limit is not None and not self.implied
+
+    def _turn_in_s(
+        self,
+        now: float,
+        reported: Window,
+        entry: Booking | None,
+        remaining: float,
+        window_limit: float,
+        minute_left_s: float,
+    ) -> float:
+        """Seconds to the turn of a window that is no bucket: its reset; a calendar minute's
+        TURN_MARGIN_S after the clock's; one showing neither reset nor limit, as
+        :meth:`_turn_s` finds it."""
+        if self._shows_calendar(reported):
+            return minute_left_s + TURN_MARGIN_S
+        if reported.reset_s is not None:
+            return reported.reset_s
+        self.resetless = True
+        sent_at = entry.at if entry is not None else now  # (its reply is a latency old)
+        minute_s = minute_left_s + CALENDAR_MARGIN_S
+        return self._turn_s(now, sent_at, remaining, window_limit, minute_s)
 
     def _turn_s(
         self, now: float, sent_at: float, remaining: float, window_limit: float, minute_s: float
