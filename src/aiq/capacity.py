@@ -51,6 +51,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from .latency_bar import LatencyBar
+
 # Startup, above a step of two: a round grew if throughput rose by this share of the step or
 # more. Three quarters: from 5 to 9 at eight slots, it rises by three quarters of the step.
 _GAIN_SHARE = 0.75
@@ -65,16 +67,8 @@ _MOST = 3
 _MOST_FLAT = 6
 _FIRST_REPLIES = 3  # startup: replies at one in flight, the first bar (one alone was often lucky)
 _BUNCH = 0.1  # replies within this share of a latency of each other came back together
-# The spread of latency guessed before replies show it, and as many replies' weight in it:
-# three replies that happen to agree are no proof of steady latency.
-_NOISE = 0.3
-_NOISE_WEIGHT = 3
 _SAME = 1e-6  # s: sent as the round began (a float's rounding off the round's start)
-_BASE_REPLIES = 12  # startup: replies in the bar before a round may be called flat...
-_STEADY = 0.05  # ...unless their latencies vary by less than this (one in twenty)
-# Replies in the bar before it may be called steady: of six at a spread of 0.3, the chance
-# that they vary by under 0.05 is about three in ten thousand.
-_STEADY_REPLIES = 6
+_BASE_REPLIES = 12  # startup: replies in the bar before a round may be called flat, unless steady
 _WINDOW = 8  # rounds the estimate is taken over
 _MIN_REPLIES = 6  # replies a round takes at least: fewer are mostly noise at a small limit
 # Startup ends after this many rounds in a row that did not grow: one noisy round ending it
@@ -97,12 +91,6 @@ _ROOM = 1.15
 _RESTART = 2
 
 
-def _relative_variance(n: int, total: float, square: float) -> float:
-    """The variance of ``n`` latencies over their mean squared, from their sum and squares."""
-    mean = total / n
-    return max(0.0, square / n - mean * mean) / (mean * mean)
-
-
 class CapacityProbe:
     """The number of requests to keep in flight to a server whose limits are unknown.
 
@@ -119,9 +107,7 @@ class CapacityProbe:
         self._startup = True
         self._flat = 0  # startup: rounds in a row that did not grow
         self._best_limit = 0  # startup: the limit of the last round that grew
-        self._base_sum = 0.0  # startup: latencies of the rounds that grew, pooled
-        self._base_sq = 0.0
-        self._base_count = 0
+        self._bar = LatencyBar()  # startup: latencies of the rounds that grew, pooled
         self._rounds: deque[tuple[float, float]] = deque(maxlen=_WINDOW)  # (X, R)
         self._phase = 0
         self._pool_before = False  # startup: replies sent before the round are at a limit that grew
@@ -240,7 +226,7 @@ class CapacityProbe:
             # without a queue, and (first come, first served) the requests sent since do not
             # delay this one: its latency is one more sample of the latency without a queue.
             if self._pool_before:
-                self._pool(latency_s, latency_s * latency_s, 1)
+                self._bar.pool(latency_s, latency_s * latency_s, 1)
             return False
         self._replies += 1
         self._latency_sum += latency_s
@@ -255,7 +241,7 @@ class CapacityProbe:
             self._pool_before = False
             return False
         if self._rebase:  # back at the last limit that grew, for the latency without a queue
-            self._pool(self._latency_sum, self._latency_sq, self._replies)
+            self._bar.pool(self._latency_sum, self._latency_sq, self._replies)
             self._rebase, self._pool_before = 0, True
             return self._set(self._retry, now)
         return self._startup_round(now)
@@ -271,9 +257,11 @@ class CapacityProbe:
         # `full` if it had none (no more slots than the last limit that grew, or one fewer
         # than this one). Which of the two the round is nearer decides; a decision waits until
         # the round is _DOUBT standard errors from the other one, or has waited long.
-        ratio = math.log(max(latency, 1e-9) * self._base_count / self._base_sum)
+        bar = self._bar
+        ratio = math.log(max(latency, 1e-9) / bar.mean)
         full, mid = self._thresholds()
-        error = self._spread() * math.sqrt(1 / self._replies + 1 / self._base_count)
+        spread = bar.spread(self._replies, self._latency_sum, self._latency_sq)
+        error = spread * math.sqrt(1 / self._replies + 1 / bar.count)
         enough = max(_FLAT_REPLIES, self.limit)
         if ratio <= mid:
             if full - ratio < _DOUBT * error and self._replies < _MOST * enough:
@@ -284,11 +272,11 @@ class CapacityProbe:
             ratio < _DOUBT * error and self._replies < _MOST_FLAT * enough
         ):
             return False
-        if self._base_count < _BASE_REPLIES and not self._steady():
+        if bar.count < _BASE_REPLIES and not bar.steady():
             # Too few replies in the bar to call it flat, at a server whose latency varies
             # (two short ones by chance made a 64-slot server look full at three): back to
             # the last limit that grew for more, then this one afresh.
-            self._retry, self._rebase = self.limit, _BASE_REPLIES - self._base_count
+            self._retry, self._rebase = self.limit, _BASE_REPLIES - bar.count
             self._pool_before = False  # (those sent at this limit may have queued)
             return self._set(self._best_limit, now)
         self._flat_x = x  # (the last: by then, the queue a rise built shows in the latency)
@@ -307,7 +295,7 @@ class CapacityProbe:
         # less than the limit that gained nothing. Of the rounds that did not grow, only the
         # last: Little's law overstates throughput in the round trip after a rise, before
         # the queue it built shows in the latency.
-        base = self._base_sum / self._base_count
+        base = self._bar.mean
         most_x = max(self._flat_x, *(r[0] for r in self._rounds))
         estimate = min(most_x * base, self.limit - 1.0)
         # The cycle measures throughput over time; startup's short rounds would stand over
@@ -317,12 +305,6 @@ class CapacityProbe:
         self._rounds.clear()
         self._rounds.append((0.0, base))
         return self._set(max(1, round(estimate)), now, estimate)
-
-    def _pool(self, latency_sum: float, latency_sq: float, replies: int) -> None:
-        """Latencies without a queue, for the bar."""
-        self._base_sum += latency_sum
-        self._base_sq += latency_sq
-        self._base_count += replies
 
     def _thresholds(self) -> tuple[float, float]:
         """The log latency ratio of a round at a server with no room for the step, and the
@@ -338,7 +320,7 @@ class CapacityProbe:
     def _grow(self, x: float, latency: float, now: float) -> bool:
         """Startup: the limit grew; the next step."""
         self._rounds.append((x, latency))
-        self._pool(self._latency_sum, self._latency_sq, self._replies)
+        self._bar.pool(self._latency_sum, self._latency_sq, self._replies)
         if not self._refused:
             self._clean = max(self._clean, self.limit)
         self._best_limit, self._flat, self._pool_before = self.limit, 0, True
@@ -352,30 +334,6 @@ class CapacityProbe:
             # round trip more; from the bunch's second reply only, at five another).
             self._round_at = max(self._bunch_at, now - _BUNCH * latency)
         return changed
-
-    def _spread(self) -> float:
-        """The coefficient of variation of latency without a queue: of the bar's replies (and
-        before there are three, this round's too), drawn towards a guess while they are few."""
-        n, total, square = self._base_count, self._base_sum, self._base_sq
-        if n < 3:
-            n, total, square = (
-                n + self._replies,
-                total + self._latency_sum,
-                square + self._latency_sq,
-            )
-        if n < 2:
-            return _NOISE
-        variance = _relative_variance(n, total, square)
-        return math.sqrt((n * variance + _NOISE_WEIGHT * _NOISE**2) / (n + _NOISE_WEIGHT))
-
-    def _steady(self) -> bool:
-        """Whether the bar's latencies vary by less than _STEADY, by their own spread: the
-        guess _spread draws towards kept a server steady to the millisecond above it until
-        a hundred replies, and the bar went back for more at every steady server."""
-        n = self._base_count
-        if n < _STEADY_REPLIES:
-            return False
-        return _relative_variance(n, self._base_sum, self._base_sq) < _STEADY**2
 
     def _decide(self, x: float, latency: float, now: float) -> bool:
         if not self._refused:
@@ -404,7 +362,7 @@ class CapacityProbe:
             self._drains += 1
             # A steady server's startup judged each step by exact latencies: no queue of a
             # step it had no room for stayed, and its first drain need not go below.
-            if self._drains % _DEEP == 1 and (self._drains > 1 or not self._steady()):
+            if self._drains % _DEEP == 1 and (self._drains > 1 or not self._bar.steady()):
                 # One below: at a small limit a tenth less rounds back to the limit itself, and
                 # the queue of startup's last step (two or three at a one-slot server) stayed,
                 # min R never seeing the latency without it.
