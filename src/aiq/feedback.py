@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .booking_log import Booking
 from .budget import CALENDAR_MARGIN_S, TURN_MARGIN_S, WINDOW_S, Budget
+from .full_test import FullTest
 from .implied_limit import ImpliedLimit
 from .left_cap import LeftCap
 from .ratelimit_headers import RateLimitInfo, StatedLimit, Window
@@ -35,7 +36,7 @@ class Ticket(Protocol):
     full_probe: bool
 
 
-class Feedback:
+class Feedback(FullTest):
     """:class:`~aiq.limiter.RateLimiter`'s reading of replies and 429s (its state is set and
     documented in ``RateLimiter.__init__``)."""
 
@@ -51,9 +52,6 @@ class Feedback:
     _left: LeftCap
     _slots: SlotWaits
     _first_at: float | None
-    _full_from: float | None
-    _let_in: Ticket | None
-    _paused_until: float
 
     if TYPE_CHECKING:
 
@@ -191,45 +189,6 @@ class Feedback:
             return  # (followed already, or not the limit that held the request back)
         budget.follow_stated(stated.per_minute, now)
         self._slots.wake_all()  # senders booked at the old pace book again
-
-    @property
-    def server_full(self) -> bool:
-        """Whether the latest 429 (:meth:`rate_limited`) was a full server's, not a window's:
-        no limit shown or learned, and a request let through an earlier 429's pause got
-        through (:meth:`RateLimiter._full_test`). LiteLLM's parallel limiter refuses while
-        its count of requests in flight is met, and asks for its minute's turn
-        (``retry-after: 52.905443``) though a slot frees as soon as any request ends: a pause
-        for every sender to that turn held a run that takes 4 s for minutes. The 429 is the
-        refused job's alone, retried after its backoff."""
-        return self._refusal.full and not self._headers_rule()
-
-    @property
-    def pause_tested(self) -> bool:
-        """Whether the pause of the latest 429 is being tested (:meth:`server_full`): it may
-        end before its time, so the refused job is held by it, not by its own wait."""
-        return self._full_from is not None
-
-    def _let_in_refused(self) -> None:
-        """The pause's test, taken as let in (aiq.pause_test), was refused after all: a slow
-        429, not a full server's. Its 429 pauses as a first would."""
-        self._let_in = None
-        self._refusal.full_known = False
-
-    def _test_pause(self, ticket: Ticket | None, *, exact: bool, now: float) -> None:
-        """Whether the pause a 429 brings is tested by one request (RateLimiter.answered)."""
-        if ticket is not None and ticket.full_probe:
-            self._full_from = None  # the test refused: the pause holds
-        elif (
-            exact
-            and self._refusal.probing_full
-            and self._full_from is None
-            and self._paused_until <= now
-        ):
-            # One test a pause (a 429 in one, in flight with it, tests nothing new). Only a
-            # delay the server named, as LiteLLM's parallel limiter does: behind its router
-            # (a bound of 60 s, or no hint) a test left the learned window's row to stand
-            # past the pause, and 80 more were refused at the minute's count.
-            self._full_from = now
 
     def rate_limited(
         self,

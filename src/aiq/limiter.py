@@ -399,11 +399,7 @@ class RateLimiter(Feedback):
             self._slots.wake_all()
         if self._headers_rule():
             return  # a limit the provider reports: its 429s teach nothing more
-        if self._full_from is not None:
-            if through:
-                self._full_test(ticket, self._full_from)
-            elif ticket.full_probe:
-                self._full_from = None  # no answer: the test is off, the pause holds
+        self._tested_by(ticket, through=through)
         if through:
             # What got through is what a 429 would teach.
             if self._refusal.got_through(ticket.sent_at, self._clock()):
@@ -411,27 +407,6 @@ class RateLimiter(Feedback):
         elif ticket.window is not None:
             self._refusal.forget(ticket.window)  # a probe lost: another may go
             ticket.window = None
-
-    def let_in(self, ticket: Ticket) -> None:
-        """The pause's test request (``ticket``) is out past the time a 429 takes: the server
-        let it in (aiq.pause_test), and the pause ends as if its reply had come. If a 429
-        comes for it after all, that is undone (:meth:`rate_limited`)."""
-        if ticket.full_probe and self._full_from is not None:
-            self._let_in = ticket
-            self._full_test(ticket, self._full_from)
-
-    def _full_test(self, ticket: Ticket, since: float) -> None:
-        """A 429's pause is being tested (no limit known; paused since ``since``): one request
-        sent before it got through, so a slot is free if the server refuses only when full,
-        and one request goes to see. If that one gets through, the server is full, not out
-        of its window (a parallel limit): the pause ends, and its 429s pause no one again."""
-        if ticket.full_probe:
-            self._refusal.full_known, self._full_from = True, None
-            self._paused_until = -math.inf
-            self._slots.wake_all()
-        elif ticket.sent_at < since and self._paused_until > self._clock():
-            self._full_pass, self._full_from = True, -math.inf  # (one pass per pause)
-            self._slots.wake_all()
 
     def wait_s(self) -> float:
         """Seconds until the next request booked for later goes, or with none booked, until
