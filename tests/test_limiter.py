@@ -855,6 +855,63 @@ def test_a_minute_shown_without_a_reset_is_used_whole_from_its_turn_after_a_refu
     assert max(rest) == pytest.approx(first + 0.2)  # all at once: the new minute's count
 
 
+def test_a_calendar_turns_first_request_let_in_lets_the_minute_go_before_its_reply() -> None:
+    """The first request past a calendar minute's turn, not refused by the time a 429 would
+    be back (aiq.pause_test: a gateway refuses at its door), shows the minute turned at the
+    server: its count goes then, not a reply later (every turn of a 0.2 s LiteLLM cost that).
+    One refused (a server's clock behind ours) lets nothing go."""
+    budget = Budget(600)
+    entries = [budget.book(0.0, 1) for _ in range(599)]
+    budget.sync(0.2, Window(600, 599, None), entries[0], minute_left_s=14.8)  # (its count)
+    budget.sync(0.4, Window(600, 1, None), entries[-1], minute_left_s=14.6)
+    budget.sync(0.6, Window(600, 1, None), entries[-1], minute_left_s=14.4, refused=True)
+    budget.stop_bursting(0.6)
+    look_at = budget.ready_at(0.6, 1)
+    look = budget.book(look_at, 1)
+    assert budget.went(look)  # the first sent past the turn, and only it
+    assert not budget.went(budget.book(budget.ready_at(0.6, 1), 1))  # paced from the turn
+    assert not budget.let_in_turn(entries[0], look_at + 0.02)  # (no look)
+    assert budget.let_in_turn(look, look_at + 0.02)  # the paced one goes again
+    budget.drop_ahead(look_at + 0.02)
+    rest = []
+    for _ in range(100):
+        rest.append(at := budget.ready_at(look_at + 0.02, 1))
+        budget.book(at, 1)
+    assert max(rest) == pytest.approx(look_at + 0.02)
+    for _ in range(598 - 100):  # the minute's 599 in all, with the look
+        budget.book(budget.ready_at(look_at + 0.02, 1), 1)
+    assert budget.ready_at(look_at + 0.02, 1) > look_at + 50  # then the next minute's turn
+    # Refused, it is given back: nothing to let in.
+    budget = Budget(600)
+    budget.sync(0.4, Window(600, 0, None), minute_left_s=14.6)
+    look = budget.book(budget.ready_at(0.6, 1), 1)
+    assert budget.went(look)
+    budget.forget(look)
+    assert not budget.let_in_turn(look, 15.2)
+
+
+def test_the_limiter_marks_the_first_ticket_past_a_calendar_turn_and_lets_it_in() -> None:
+    clock = FakeClock(1000.0)
+    lim = RateLimiter(clock=clock, sleep=clock.sleep, wall=lambda: clock.now - 1000.0 + 50.0)
+    lim.observe(unlimited_info(requests=Window(600, 599, None)))  # its count
+    lim.observe(unlimited_info(requests=Window(600, 0, None)))  # spent, 10 s to the turn
+
+    async def go() -> list[float]:
+        look = await lim.acquire()
+        assert look.turn_look and clock.now == pytest.approx(1010.0 + TURN_MARGIN_S)
+        waiting = asyncio.ensure_future(lim.acquire())  # paced from the turn
+        await clock.sleep(0.02)
+        assert not waiting.done()
+        lim.let_in_turn(look)
+        sent = [(await waiting).sent_at]
+        for _ in range(5):
+            sent.append((await lim.acquire()).sent_at)
+        return sent
+
+    sent = asyncio.run(go())
+    assert max(sent) == pytest.approx(1010.0 + TURN_MARGIN_S + 0.02, abs=1e-3), sent
+
+
 def test_a_burst_refused_with_room_left_in_a_minute_shown_without_a_reset_is_paced() -> None:
     """Refused while the headers said hundreds were left: the minute is enforced over a
     shorter window than it shows, and the rest of the run is paced."""

@@ -105,6 +105,12 @@ class Budget(WindowSync):
         self._peak = 0.0  # the most any sample said was left: what a window lets go at once
         self._rebook_check_at = -math.inf
         self._anchor_at = -math.inf  # a turn a 429 named, for a window that shows no reset
+        # A calendar minute's first request sent past its turn (``_turn_at``), while out: not
+        # refused by the time a 429 would be back, the minute has turned at the server too
+        # (:meth:`let_in_turn`). The turn it looked at: one look a turn.
+        self._turn_at = math.inf
+        self._turn_look: Booking | None = None
+        self._looked_at = -math.inf
         self.burst = False  # what the provider says is left may go at once
         self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
         self.presumed = configured  # taken for a bucket full at the start (class docstring)
@@ -232,6 +238,30 @@ class Budget(WindowSync):
             self._probe = entry
         return entry
 
+    def went(self, entry: Booking) -> bool:
+        """``entry``'s request goes: True if it is the first past a calendar minute's turn
+        (to be let in once a 429 would be back: :meth:`let_in_turn`)."""
+        turn_at = self._turn_at
+        if entry.at < turn_at or self._looked_at >= turn_at or not (self._calendar and self.burst):
+            return False
+        self._looked_at, self._turn_look = turn_at, entry
+        return True
+
+    def let_in_turn(self, entry: Booking, now: float) -> bool:
+        """``entry``, the first request past a calendar minute's turn, is out past the time
+        a 429 takes (aiq.pause_test: a gateway refuses at its door): the minute has turned
+        at the server too, and its count goes now, as the reply would say a latency later
+        (a server whose clock is behind ours refuses it first). True if slots booked ahead
+        may go now."""
+        if entry is not self._turn_look:
+            return False
+        self._turn_look = None
+        if not (self._calendar and self.burst) or self._cap_until > now:
+            return False
+        self._cap_left = self._peak - self._log.booked(entry.at, now)
+        self._cap_until = self._fresh_at = self._cap_until + WINDOW_S  # the next turn
+        return self._log.last_at > now
+
     def used(self, now: float) -> float:
         """What the log holds in the minute ending at ``now`` (bookings after it excluded)."""
         return self._log.used(now)
@@ -245,6 +275,8 @@ class Budget(WindowSync):
         provider did not count it); the pace is left as it is."""
         if entry is self._probe:
             self._probe = None
+        if entry is self._turn_look:
+            self._turn_look = None
         if entry.cost and self._log.holds(entry):
             self._own_full_at -= entry.cost / self._refill
         self._log.adjust(entry, 0.0)
@@ -255,6 +287,8 @@ class Budget(WindowSync):
         minute's worth: the senders held for it may go."""
         self._log.advance(now)
         self._log.close(entry)
+        if entry is self._turn_look:
+            self._turn_look = None  # (its reply's sample says what is left)
         if entry is not self._probe:
             return False
         self._probe, self._past_minute = None, through

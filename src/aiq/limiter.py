@@ -47,6 +47,7 @@ class Ticket:
     sent_at: float = 0.0  # when it may go (the limiter's clock)
     window: Booking | None = None  # its place in a limit learned from 429s
     full_probe: bool = False  # let through a 429's pause, to see if the server is only full
+    turn_look: bool = False  # the first past a calendar minute's turn, still out
 
 
 @dataclass(slots=True)
@@ -216,6 +217,8 @@ class RateLimiter(Feedback):
         """``ticket`` goes (counted against what was left, where that caps requests)."""
         if self._left_capped():
             self._left.sent(ticket.sent_at, ticket)
+        if ticket.request is not None and self._requests is not None:
+            ticket.turn_look = self._requests.went(ticket.request)
         return ticket
 
     def _confirm(self, now: float) -> None:
@@ -345,6 +348,7 @@ class RateLimiter(Feedback):
             self._refusal.forget(ticket.window)
         ticket.request = ticket.tokens = ticket.window = None
         ticket.split = (None, None)
+        ticket.turn_look = False
         self._left.release(ticket)
 
     def settle(
@@ -384,6 +388,7 @@ class RateLimiter(Feedback):
         counted it), or none at all."""
         opened = looked = False
         now = self._clock()
+        ticket.turn_look = False
         if ticket is self._let_in:
             self._let_in = None  # (its early pass stands)
         if not through:
@@ -407,6 +412,17 @@ class RateLimiter(Feedback):
         elif ticket.window is not None:
             self._refusal.forget(ticket.window)  # a probe lost: another may go
             ticket.window = None
+
+    def let_in_turn(self, ticket: Ticket) -> None:
+        """``ticket``, the first request past a calendar minute's turn, is out past the time
+        a 429 takes (aiq.pause_test): the minute's count goes now (:meth:`Budget.let_in_turn`)."""
+        requests = self._requests
+        if not ticket.turn_look or requests is None or ticket.request is None:
+            return
+        ticket.turn_look = False
+        now = self._clock()
+        if requests.let_in_turn(ticket.request, now):
+            self._rebook_all(now)
 
     def wait_s(self) -> float:
         """Seconds until the next request booked for later goes, or with none booked, until

@@ -160,6 +160,8 @@ class Sender:
         started = self._wall()
         if ticket.full_probe:
             self._watch_test(ticket)
+        elif ticket.turn_look:  # (let in once a 429 would be back, as the pause's test)
+            self._pause_test.watch(lambda: ticket.turn_look, lambda: limiter.let_in_turn(ticket))
         try:
             if self._timed is None:
                 reply = await self._provider.send(job.endpoint, job.body)

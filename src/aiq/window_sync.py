@@ -117,6 +117,7 @@ class WindowSync:
     _peak: float
     _rebook_check_at: float
     _anchor_at: float
+    _turn_at: float
 
     if TYPE_CHECKING:
 
@@ -355,6 +356,7 @@ class WindowSync:
             self.drop_ahead(now)
             unseen = self._unseen(now, entry)
         self._cap_left, self._cap_until, self._fresh_at = remaining - unseen, until, until
+        self._turn_at = until if self._calendar else math.inf
         return rebook
 
     def _unseen(self, now: float, entry: Booking | None) -> float:
