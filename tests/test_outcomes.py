@@ -119,7 +119,7 @@ RULES: list[tuple[str, Job, ProviderError, Health, Refusals, Fate]] = [
     (
         "never sooner than the server asked",
         JOB, SLOW_DOWN, UP, NO_REFUSALS,
-        Fate(kept(SLOW_DOWN, 3, NOW + 7.0 + 0.5 * 0.5), pause_s=7.0),  # plus up to 10%, 0.5 s
+        Fate(kept(SLOW_DOWN, 3, NOW + 7.0), pause_s=7.0),  # (the pause's end: no spread on it)
     ),
     (
         "A cut call is retried, and costs the job an attempt (the provider may have billed it)",
@@ -179,7 +179,7 @@ RULES: list[tuple[str, Job, ProviderError, Health, Refusals, Fate]] = [
     (
         "**A 429** pauses every request until the server's `retry-after-ms` / `retry-after`",
         JOB, RATE_LIMIT_AFTER, UP, Refusals(rounds=1),
-        Fate(kept(RATE_LIMIT_AFTER, 2, NOW + 3.0 * 1.05), pause_s=3.0),
+        Fate(kept(RATE_LIMIT_AFTER, 2, NOW + 3.0), pause_s=3.0),
     ),
     (
         "and costs the job no attempt",  # not even its last

@@ -177,6 +177,11 @@ def failed(
         # The server's pace holds for every request, not just this one: pause all senders
         # (for as long as it said, or for the streak's backoff if it named no time).
         pause_s = retry_after_s if retry_after_s is not None else wait_s
+        if retry_after_s is not None:
+            # The pause holds every sender to its end, and the limiter paces what comes back
+            # then: backoff's spread on top of it only kept the refused job back (at a
+            # LiteLLM minute's turn, up to half a second after the rest had gone).
+            wait_s = min(wait_s, retry_after_s)
     if rate_limited and refusals.lasted_s > policy.max_outage_s:
         return Fate(out, pause_s, give_up="refused")
     if not err.retryable or out.attempts >= policy.max_attempts:
