@@ -105,12 +105,10 @@ class Budget(WindowSync):
         self._peak = 0.0  # the most any sample said was left: what a window lets go at once
         self._rebook_check_at = -math.inf
         self._anchor_at = -math.inf  # a turn a 429 named, for a window that shows no reset
-        # A calendar minute's first request sent past its turn (``_turn_at``), while out: not
-        # refused by the time a 429 would be back, the minute has turned at the server too
-        # (:meth:`let_in_turn`). The turn it looked at: one look a turn.
-        self._turn_at = math.inf
+        # A calendar minute's turn, its first request sent past it while out (let_in_turn),
+        # and the last turn so looked at (one look a turn).
+        self._turn_at, self._looked_at = math.inf, -math.inf
         self._turn_look: Booking | None = None
-        self._looked_at = -math.inf
         self.burst = False  # what the provider says is left may go at once
         self.burst_off = False  # a 429 came after a burst: pace for the rest of the run
         self.presumed = configured  # taken for a bucket full at the start (class docstring)

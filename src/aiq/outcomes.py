@@ -166,22 +166,7 @@ def failed(
     rate_limited = refused(err)
     # A 429 costs no attempt, so its backoff grows with the run's streak of refusals.
     attempt = max(1, out.attempts, refusals.rounds if rate_limited else 0)
-    wait_s = backoff.delay(
-        attempt, base_s=policy.base_s, cap_s=policy.cap_s, retry_after_s=retry_after_s, rand=rand
-    )
-    if full or held:  # the hint if it is sooner than the job's own backoff
-        own_s = backoff.delay(attempt, base_s=policy.base_s, cap_s=policy.cap_s, rand=rand)
-        wait_s = min(wait_s, own_s)
-    pause_s = None
-    if (retry_after_s is not None or rate_limited) and not full:
-        # The server's pace holds for every request, not just this one: pause all senders
-        # (for as long as it said, or for the streak's backoff if it named no time).
-        pause_s = retry_after_s if retry_after_s is not None else wait_s
-        if retry_after_s is not None:
-            # The pause holds every sender to its end, and the limiter paces what comes back
-            # then: backoff's spread on top of it only kept the refused job back (at a
-            # LiteLLM minute's turn, up to half a second after the rest had gone).
-            wait_s = min(wait_s, retry_after_s)
+    wait_s, pause_s = _waits(attempt, policy, retry_after_s, rate_limited, full, held, rand)
     if rate_limited and refusals.lasted_s > policy.max_outage_s:
         return Fate(out, pause_s, give_up="refused")
     if not err.retryable or out.attempts >= policy.max_attempts:
@@ -195,6 +180,34 @@ def failed(
         wait_s = 0.0
     out.next_at = now + wait_s
     return Fate(out, pause_s)
+
+
+def _waits(
+    attempt: int,
+    policy: RetryPolicy,
+    retry_after_s: float | None,
+    rate_limited: bool,
+    full: bool,
+    held: bool,
+    rand: Callable[[], float],
+) -> tuple[float, float | None]:
+    """How long a failed job waits, and how long every sender pauses (None: none)."""
+    wait_s = backoff.delay(
+        attempt, base_s=policy.base_s, cap_s=policy.cap_s, retry_after_s=retry_after_s, rand=rand
+    )
+    if full or held:  # the hint if it is sooner than the job's own backoff
+        own_s = backoff.delay(attempt, base_s=policy.base_s, cap_s=policy.cap_s, rand=rand)
+        wait_s = min(wait_s, own_s)
+    if (retry_after_s is None and not rate_limited) or full:
+        return wait_s, None
+    # The server's pace holds for every request, not just this one: pause all senders (for
+    # as long as it said, or for the streak's backoff if it named no time).
+    if retry_after_s is None:
+        return wait_s, wait_s
+    # The pause holds every sender to its end, and the limiter paces what comes back then:
+    # backoff's spread on top of it only kept the refused job back (at a LiteLLM minute's
+    # turn, up to half a second after the rest had gone).
+    return min(wait_s, retry_after_s), retry_after_s
 
 
 def _attempted(

@@ -158,10 +158,7 @@ class Sender:
             progress.max_in_flight = progress.in_flight
         self._dispatch.sent(job.id)  # its attempt is counted at the next store cycle
         started = self._wall()
-        if ticket.full_probe:
-            self._watch_test(ticket)
-        elif ticket.turn_look:  # (let in once a 429 would be back, as the pause's test)
-            self._pause_test.watch(lambda: ticket.turn_look, lambda: limiter.let_in_turn(ticket))
+        self._watch(ticket)
         try:
             if self._timed is None:
                 reply = await self._provider.send(job.endpoint, job.body)
@@ -223,10 +220,16 @@ class Sender:
         self._dispatch.defer(job.id, self._wall())
         return None
 
-    def _watch_test(self, ticket: Ticket) -> None:
-        """The pause's test goes out: let in once a 429 would be back (aiq.pause_test)."""
-        self._testing = ticket
-        self._pause_test.watch(lambda: self._testing is ticket, lambda: self._let_in(ticket))
+    def _watch(self, ticket: Ticket) -> None:
+        """A request whose answer the others wait for goes out: let in once a 429 would be
+        back (aiq.pause_test). A 429's pause's test, or a calendar minute's first past its
+        turn (:meth:`RateLimiter.let_in_turn`)."""
+        if ticket.full_probe:
+            self._testing = ticket
+            self._pause_test.watch(lambda: self._testing is ticket, lambda: self._let_in(ticket))
+        elif ticket.turn_look:
+            limiter = ticket.limiter
+            self._pause_test.watch(lambda: ticket.turn_look, lambda: limiter.let_in_turn(ticket))
 
     def _let_in(self, ticket: Ticket) -> None:
         """The pause's test is out past the time a 429 takes (aiq.pause_test): the server let
