@@ -16,8 +16,9 @@ is stopped once it can no longer meet the efficiency bound, so a case under targ
 seconds, not the minutes pacing would take. Calendar windows are put where a run crosses one:
 the mode's clock is shifted so that aiq's first request lands ``lead_s`` before a boundary.
 That shift is invisible to a client reading the headers and hints, which are relative
-(``reset``, ``retry-after``); it would mislead one aligning to its own wall clock, which aiq
-does not do. LiteLLM's router has no reset header and counts UTC minutes (its cache key is
+(``reset``, ``retry-after``); it misleads one aligning to its own wall clock, which aiq does
+only where nothing else names a turn (a router's bound: f-llm-provider, whose xfail says
+so). LiteLLM's router has no reset header and counts UTC minutes (its cache key is
 ``%H-%M``, so its source allows no shorter span), and a client could only find its minute from
 the wall clock: it keeps the real clock, and fewer jobs than a minute's allowance, so it
 measures whether a fresh minute is used at once.
