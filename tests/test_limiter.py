@@ -912,6 +912,31 @@ def test_the_limiter_marks_the_first_ticket_past_a_calendar_turn_and_lets_it_in(
     assert max(sent) == pytest.approx(1010.0 + TURN_MARGIN_S + 0.02, abs=1e-3), sent
 
 
+def test_a_slot_booked_before_a_pause_ending_a_hair_after_it_keeps_its_place() -> None:
+    """A calendar minute's turn and the 429's pause to it are found from different clocks'
+    readings: with the pause ending a millisecond after the turn's first slot, its sender
+    gave the slot back and booked again behind every other, the turn's first request a pace
+    late (about one run in three at LiteLLM's minute)."""
+    clock = SharedClock(1000.0)
+    lim = RateLimiter(rpm=600, clock=clock, sleep=clock.sleep)
+    pace = 60 / (600 * HEADROOM)
+    sent: list[float] = []
+
+    async def sender() -> None:
+        sent.append((await lim.acquire()).sent_at)
+
+    async def go() -> None:
+        await lim.acquire()  # the first, at once
+        senders = [asyncio.ensure_future(sender()) for _ in range(4)]
+        await asyncio.sleep(0)  # (each books its slot)
+        lim.pause(pace + 0.001)
+        await clock.run(senders)
+
+    asyncio.run(go())
+    assert sent[0] == pytest.approx(1000.0 + pace), sent  # its own slot, not the fifth's
+    assert sent == sorted(sent)
+
+
 def test_a_burst_refused_with_room_left_in_a_minute_shown_without_a_reset_is_paced() -> None:
     """Refused while the headers said hundreds were left: the minute is enforced over a
     shorter window than it shows, and the rest of the run is paced."""

@@ -31,6 +31,12 @@ from .tokens import LearnedRatio
 
 __all__ = ["HEADROOM", "WINDOW_S", "Budget", "RateLimiter", "RequestTooLarge", "Ticket"]
 
+# A slot booked before a pause began goes if the pause ends within this much after it: the
+# two are found from different clocks' readings (a calendar minute's turn, and the 429's
+# pause to it), and a slot a hair before the pause's end went to the back of the queue, its
+# turn's first request a pace late (about one run in three at LiteLLM's minute).
+PAUSE_SLACK_S = 0.005
+
 
 @dataclass(slots=True)
 class Ticket:
@@ -197,7 +203,7 @@ class RateLimiter(Feedback):
                 await self._slots.wait(at - now, generation)
             if self._refusal.pending is not None:  # (a pause's end: the row has stood)
                 self._confirm(self._clock())
-            if self._paused_until <= at and self._slots.generation == generation:
+            if self._paused_until <= at + PAUSE_SLACK_S and self._slots.generation == generation:
                 ticket.sent_at = at
                 return self._went(ticket)
             # A pause began while this request waited for its slot, or a lower limit was
