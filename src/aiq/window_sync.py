@@ -19,15 +19,16 @@ from .ratelimit_headers import Window
 WINDOW_S = 60.0
 # A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
 EPSILON_S = 1e-6
-# A window that says what is left but not when it refills (LiteLLM's router counts per
-# calendar minute, its cache key the UTC minute): it is taken to refill at the next minute of
-# the clock, this long after, for clocks that differ by a little.
+# How far a server's clock may be behind ours: a 429 to a request sent this soon after the
+# clock's minute turned is the old minute's count (its senders wait this long after the
+# turn), and a window that shows neither reset nor limit (Azure's) is guessed to turn this
+# long after the clock's minute.
 CALENDAR_MARGIN_S = 0.5
-# A turn the headers show (LiteLLM's router shows its count) is taken this long after the
-# clock's minute, its pace starting over: the first reply from the new minute lets the rest
-# go. NTP keeps clocks within tens of milliseconds; a server's clock further behind refuses
-# what goes before its own turn, and those 429s wait for CALENDAR_MARGIN_S (Feedback's
-# rate_limited). At the margin alone every turn cost half a second and a latency (bench
+# A calendar minute the headers show (LiteLLM's router: what is left, no reset; its cache
+# key is the UTC minute) is taken to turn this long after the clock's minute, its pace
+# starting over; its first request not refused by the time a 429 would be back lets the
+# minute's count go (Budget.let_in_turn), else the first reply does. NTP keeps clocks within
+# tens of milliseconds. At half a second and a reply, every turn cost 0.7 s (bench
 # c-litellm-configured 0.925). A turn no header shows is looked at this long after it too,
 # one request first (aiq.refusal_limit): a server whose clock is further behind costs that
 # one 429 and two seconds.
