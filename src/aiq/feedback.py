@@ -81,19 +81,7 @@ class Feedback(FullTest):
                     # Anthropic's ``tokens-*`` is the tighter of its input and output limits:
                     # those are followed apart, each counted its own way.
                     continue
-                # A limit nobody configured: learn it from the provider.
-                budget = Budget(
-                    window.limit,
-                    headroom=self._headroom,
-                    configured=False,
-                    outside=kind == "requests",
-                )
-                budget.implied = kind in self._implied  # (a limit no header named)
-                if kind == "requests":
-                    self._requests = budget
-                else:
-                    self._tokens = budget
-                self.learned = True
+                budget = self._learn(kind, window.limit)
             entry = None
             if ticket is not None:
                 entry = ticket.request if kind == "requests" else ticket.tokens
@@ -111,6 +99,18 @@ class Feedback(FullTest):
             rebook = split or rebook
         if rebook:
             self._rebook_all(now)
+
+    def _learn(self, kind: str, limit: float) -> Budget:
+        """A limit nobody configured, learned from the provider: its budget from now on."""
+        outside = kind == "requests"
+        budget = Budget(limit, headroom=self._headroom, configured=False, outside=outside)
+        budget.implied = kind in self._implied  # (a limit no header named)
+        if kind == "requests":
+            self._requests = budget
+        else:
+            self._tokens = budget
+        self.learned = True
+        return budget
 
     def _left_sample(self, window: Window, sent_at: float, now: float) -> None:
         """What a window with no limit yet has left, from the reply to a request sent at

@@ -157,15 +157,7 @@ class RefusalLimit:
         if self.full_known:
             return  # a full server's 429: no window to learn (a row forms as it fills)
         start = now if sent_at is None else sent_at
-        if self._in_a_row and start < self._row_from:
-            # The row began before its first answer said; one sent since that got through
-            # breaks it (a busy server's few at random, answered out of order).
-            self._row_from = start
-            if self._latest_through >= start:
-                self._in_a_row = 0
-        if not self._in_a_row:
-            self._row_from = start
-        self._in_a_row += 1
+        self._add_to_row(start)
         told = met is not None
         if self.limit is None and not told and not exact:
             self._look(now, start, window_end)
@@ -188,6 +180,18 @@ class RefusalLimit:
             self._refused_after_turn(now)
         else:
             self._learn(now, window_end, exact=exact, bound=bound)
+
+    def _add_to_row(self, start: float) -> None:
+        """One more 429 in the row, to a request sent at ``start``."""
+        if self._in_a_row and start < self._row_from:
+            # The row began before its first answer said; one sent since that got through
+            # breaks it (a busy server's few at random, answered out of order).
+            self._row_from = start
+            if self._latest_through >= start:
+                self._in_a_row = 0
+        if not self._in_a_row:
+            self._row_from = start
+        self._in_a_row += 1
 
     def _look(self, now: float, sent_at: float, window_end: float) -> None:
         """A 429 naming no turn, with no limit known: too few yet to tell a window's from a

@@ -321,20 +321,7 @@ class Sender:
             self._tested_in_flight = self._progress.in_flight if long else 0
         if full:
             retry_after_s = err.retry_after_s  # (the job's, if sooner than its backoff)
-        outage = outcomes.outage_like(err)
-        if outage:
-            self._progress.last_error = err.message
-        probe = job.id in self._probe_jobs
-        self._probe_jobs.discard(job.id)
-        breakers = self._breakers
-        key = (job.endpoint, job.model if isinstance(job.model, str) else None)
-        breakers.record(key, outage, probe=probe, unreachable=err.unreachable, took_s=now - started)
-        health = Health(
-            down=breakers.all_down,
-            reached=breakers.reach.reached,
-            unreachable=breakers.never_reached(),
-            broken=breakers.broken(key),
-        )
+        health = self._breakers_failed(job, err, took_s=now - started)
         refusals = NO_REFUSALS
         # (A fatal one ends the run: no round. A full server's is no streak: it takes others.)
         if outcomes.refused(err) and not err.fatal and not full:
@@ -353,6 +340,23 @@ class Sender:
             last = self._progress.last_error
             self._give_up(outcomes.given_up(fate.give_up, err, policy=self._retry, last_error=last))
         return fate.outcome
+
+    def _breakers_failed(self, job: Job, err: ProviderError, took_s: float) -> Health:
+        """Feed a failure to the job's model's breaker; the provider's health after it."""
+        outage = outcomes.outage_like(err)
+        if outage:
+            self._progress.last_error = err.message
+        probe = job.id in self._probe_jobs
+        self._probe_jobs.discard(job.id)
+        breakers = self._breakers
+        key = (job.endpoint, job.model if isinstance(job.model, str) else None)
+        breakers.record(key, outage, probe=probe, unreachable=err.unreachable, took_s=took_s)
+        return Health(
+            down=breakers.all_down,
+            reached=breakers.reach.reached,
+            unreachable=breakers.never_reached(),
+            broken=breakers.broken(key),
+        )
 
     def _limiter_failed(
         self, err: ProviderError, ticket: Ticket, rate_limited: bool
