@@ -11,6 +11,10 @@ Each case checks what issue 12 asks of every mode:
 - the sending time (first arrival to last reply) near the least the limit allows, computed from
   the mode's parameters, not by asking the mode.
 
+A case under those targets in some loaded runs (``INTERMITTENT``) is held to floors instead
+(``FLOOR_*``: a stall or a 429 storm still fails it), and to the first and third as strictly
+as any; bench/limit_modes.py measures every case against the targets.
+
 Kept fast: high limits, a few hundred jobs, 50 ms replies, and a least time of about 2 s. A run
 is stopped once it can no longer meet the efficiency bound, so a case under target costs
 seconds, not the minutes pacing would take. Calendar windows are put where a run crosses one:
@@ -55,6 +59,14 @@ PROBES = 5
 # stopped after the backstop.
 STOP_GRACE_S = 0.5
 BACKSTOP_S = 60.0
+# A case under target in some loaded runs (INTERMITTENT) is not excused from everything: the
+# server's window is never overfilled, every job is done, and it holds these floors, far
+# under the targets but far over what a stall or a storm gives (issue 12's per-second
+# stall: 0.04; a router's 60 s ignored: 185 429s for 3 jobs). The worst loaded runs noted:
+# 0.67 efficiency (0.45-0.5 where a guessed turn is probed 1 s after the first 429), 100 of
+# 400 calls refused.
+FLOOR_EFFICIENCY = 0.4
+FLOOR_SHARE_429 = 0.3
 # Where the least time is nothing at all (every job may go at once), one latency plus aiq's
 # own time to open them: bench/README measures 400 in 0.7 s on a quiet machine.
 AT_ONCE_S = 2.0
@@ -360,8 +372,8 @@ CASES["e-anthropic"] = replace(CASES["e-anthropic"], provider="anthropic")
 # are from `pytest -n 3` runs of this file.
 UNDER_TARGET: dict[tuple[str, str], str] = {}
 
-# Under target in some runs only, so not strict (an unexpected pass would be a flaky failure):
-# to be unmarked, not flipped, once the limiter is fixed.
+# Under target in some (loaded) runs only: held to the floors above, the target left to the
+# bench; to be taken out once the limiter meets the target under load too.
 INTERMITTENT: dict[tuple[str, str], str] = {
     ("b-per-second", "configured"): "0.73-0.83 in loaded runs; session 12: 39 of 339 refused",
     # The per-second overshoot of session 10's note: under load, requests booked before the
@@ -379,16 +391,23 @@ INTERMITTENT: dict[tuple[str, str], str] = {
     # before the mode's (shifted) minute turns, and the next probe 2 s later.
     ("f-retry-after", "learned"): "3 of 4 runs; one: 2 jobs 429'd left at the cut (0.67)",
     ("f-retry-after-whole", "learned"): "the whole second rounded up: 0.75-0.95",
-    # A router's bound (LiteLLM's counts the clock's minutes, PROVIDERS.md) is waited out to
-    # the clock's minute, where one request looks: this case's minute is shifted to turn 2 s
-    # in, so the run is stopped before the clock's turns (it passes when that is near).
-    ("f-llm-provider", "learned"): "the turn taken at the clock's minute, not the shifted one",
     ("f-no-hint", "learned"): "the turn probed 1 s after the first 429: 0.67-0.9",
     # Told the limit, the same since the presumed bucket (aiq.budget): the minute's 150 go
     # within a second, its 429 shows the window, and the turn is found as above.
     ("f-retry-after-whole", "configured"): "the whole second rounded up: 0.785 once",
-    ("f-llm-provider", "configured"): "the turn probed 1 s after the first 429, at 3.7 s",
     ("f-no-hint", "configured"): "the turn probed 1 s after the first 429, at 3.7 s",
+}
+
+
+# A router's bound (LiteLLM's counts the clock's minutes, PROVIDERS.md) is waited out to the
+# clock's minute, where one request looks: this case's minute is shifted to turn 2 s in, so
+# the run is stopped before the clock's turns (it passes when that is near). No floor holds
+# short of the clock's minute, so this one is excused (not strict: it passes near one).
+CLOCKS_MINUTE: dict[tuple[str, str], str] = {
+    ("f-llm-provider", "learned"): "the turn taken at the clock's minute, not the shifted one",
+    # Told the limit, the same: 150 at once, the 429 names the router's bound, and the rest
+    # wait for the clock's minute (stopped at 5.7 s in three runs of three).
+    ("f-llm-provider", "configured"): "the turn taken at the clock's minute, as learned",
 }
 
 
@@ -399,7 +418,7 @@ def _params() -> list:
             marks = []
             if (reason := UNDER_TARGET.get((name, how))) is not None:
                 marks.append(pytest.mark.xfail(strict=True, reason=reason))
-            if (reason := INTERMITTENT.get((name, how))) is not None:
+            if (reason := CLOCKS_MINUTE.get((name, how))) is not None:
                 marks.append(pytest.mark.xfail(strict=False, reason=reason))
             params.append(pytest.param(name, how, id=f"{name}-{how}", marks=marks))
     return params
@@ -408,7 +427,7 @@ def _params() -> list:
 # -- running aiq ---------------------------------------------------------------------------------
 
 
-def _run(tmp_path: Path, case: Case, told: bool) -> Run:
+def _run(tmp_path: Path, case: Case, told: bool, efficiency: float = EFFICIENCY) -> Run:
     write_prompts(tmp_path / "p.jsonl", [(f"p{i}", f"mode prompt {i}") for i in range(case.jobs)])
     flags = case.flags if told else ()
     model = "claude-sonnet-4-5" if case.provider == "anthropic" else "gpt-4o-mini"
@@ -421,7 +440,7 @@ def _run(tmp_path: Path, case: Case, told: bool) -> Run:
             cmd, cwd=tmp_path, env=aiq_env(ANTHROPIC_API_KEY=API_KEY),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        out, run.stopped_s = _until_done_or_too_slow(proc, server, case)
+        out, run.stopped_s = _until_done_or_too_slow(proc, server, case, efficiency)
         run.posts = [r for r in server.requests if r.method == "POST"]
         run.max_in_flight = server.max_in_flight
     if run.stopped_s is None:
@@ -434,12 +453,12 @@ def _run(tmp_path: Path, case: Case, told: bool) -> Run:
 
 
 def _until_done_or_too_slow(
-    proc: subprocess.Popen[str], server: FakeServer, case: Case
+    proc: subprocess.Popen[str], server: FakeServer, case: Case, efficiency: float
 ) -> tuple[str, float | None]:
     """Wait for ``proc``: its stdout and None; or, once its sending time has passed what the
     efficiency bound allows (so a case under target costs seconds, not the minutes pacing
     takes), kill it and return the sending time it was stopped at."""
-    bound_s = max(AT_ONCE_S, (case.budget_s + case.latency_s) / EFFICIENCY) + STOP_GRACE_S
+    bound_s = max(AT_ONCE_S, (case.budget_s + case.latency_s) / efficiency) + STOP_GRACE_S
     deadline = time.monotonic() + BACKSTOP_S
     while True:
         try:
@@ -461,7 +480,11 @@ def _until_done_or_too_slow(
 @pytest.mark.parametrize(("name", "how"), _params())
 def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) -> None:
     case = CASES[name]
-    run = _run(tmp_path, case, told=how == "configured")
+    # (Under target in some loaded runs: the floors, not the targets.)
+    intermittent = (name, how) in INTERMITTENT
+    floor = FLOOR_EFFICIENCY if intermittent else EFFICIENCY
+    share_429 = FLOOR_SHARE_429 if intermittent else case.share_429
+    run = _run(tmp_path, case, told=how == "configured", efficiency=floor)
     assert run.posts, "aiq sent nothing"
     least = case.least(run)
     wall = run.wall_s
@@ -481,13 +504,14 @@ def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) ->
         later = run.refused_after(case.latency_s + FIRST_ROUND_S)
         said += f", {later} of the 429s after the first round"
         assert run.refused - later <= run.max_in_flight, said
-        assert later <= max(PROBES, SHARE_429 * len(run.posts)), said
+        later_share = FLOOR_SHARE_429 if intermittent else SHARE_429
+        assert later <= max(PROBES, later_share * len(run.posts)), said
     else:
-        assert run.refused <= case.share_429 * len(run.posts), said
+        assert run.refused <= share_429 * len(run.posts), said
     if least == 0:  # all at once: one latency and aiq's own time to open them
         assert wall <= AT_ONCE_S, said
     else:
-        assert efficiency >= EFFICIENCY, said
+        assert efficiency >= floor, said
 
 
 # -- the judges themselves (no aiq): they must be able to fail, and agree with the modes ------
