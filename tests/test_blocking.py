@@ -16,8 +16,9 @@ from aiq.batch_files import LINE_OVERHEAD
 from aiq.config import Config
 from aiq.database import StoreOutdated
 from aiq.errors import StoreError
-from aiq.records import DEAD, DONE, QUEUED, Outcome, Stats
+from aiq.records import DEAD, DONE, QUEUED, Outcome
 from aiq.runner import add_file
+from aiq.stats import Stats
 from aiq.store import JobStore, open_store
 from aiq.store_commands import store_status, store_status_now
 from aiq.usage import Usage

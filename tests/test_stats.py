@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from aiq.contract import JobError
 from aiq.enqueue import add_file
 from aiq.inputs import Defaults
-from aiq.records import DEAD, DONE, QUEUED, STATE_NAMES, Outcome, Stats
+from aiq.records import DEAD, DONE, QUEUED, STATE_NAMES, Outcome
 from aiq.requestfile import read_requests
+from aiq.stats import Stats
 from aiq.store import JobStore
 from aiq.usage import Usage
 

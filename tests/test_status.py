@@ -20,8 +20,8 @@ from fakeserver import FakeServer
 
 from aiq.contract import StateName
 from aiq.lock import StoreLock, run_state
-from aiq.records import RunState, Stats
 from aiq.report import status_lines
+from aiq.stats import RunState, Stats
 
 
 def _status(cwd: Path) -> dict:

@@ -22,10 +22,11 @@ from aiq.contract import StateName, Tier
 from aiq.database import StoreOutdated
 from aiq.enqueue import add_file
 from aiq.inputs import Defaults
-from aiq.records import DEAD, DONE, Outcome, Stats, TierUsage
+from aiq.records import DEAD, DONE, Outcome
 from aiq.report import run_summary_json, run_summary_lines, status_lines
 from aiq.requestfile import read_requests
 from aiq.run_records import Progress, RunSummary
+from aiq.stats import Stats, TierUsage
 from aiq.stops import TRUNCATED
 from aiq.store import JobStore
 from aiq.usage import Usage

@@ -21,8 +21,8 @@ from fakeserver import FakeServer
 from aiq.enqueue import add_file
 from aiq.inputs import Defaults
 from aiq.providers.openai import OpenAIProvider
-from aiq.records import Stats
 from aiq.requestfile import read_requests
+from aiq.stats import Stats
 from aiq.store import JobStore
 from aiq.timed_calls import _SWEEP_S
 from aiq.timeouts import FLOOR_S, TimeoutRule, Timeouts

@@ -60,12 +60,12 @@ _EXPORTS = {
     "ProviderError": "providers",
     "Reply": "providers",
     "EnqueueCounts": "records",
-    "ModelUsage": "records",
+    "ModelUsage": "stats",
     "Pruned": "records",
     "Replayed": "records",
-    "Stats": "records",
+    "Stats": "stats",
     "Target": "records",
-    "TierUsage": "records",
+    "TierUsage": "stats",
     "read_requests": "requestfile",
     "Export": "run_records",
     "Progress": "run_records",
@@ -137,10 +137,11 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_l
     from .providers.anthropic_batches import AnthropicBatchApi
     from .providers.batches import BatchService
     from .providers.openai_batches import BatchApi
-    from .records import EnqueueCounts, ModelUsage, Pruned, Replayed, Stats, Target, TierUsage
+    from .records import EnqueueCounts, Pruned, Replayed, Target
     from .requestfile import read_requests
     from .run_records import BatchRun, Export, Progress, RunSummary
     from .runner import add_file, cancel_batches, run_batch
+    from .stats import ModelUsage, Stats, TierUsage
     from .store import JobStore
     from .store_commands import (
         dead_errors,

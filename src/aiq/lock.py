@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .errors import StoreError, StoreLocked
-from .records import RunState
+from .stats import RunState
 
 STORE_DIR = ".aiq"  # the default store's directory, the only one aiq makes itself
 _POLL_S = 0.2  # how often --wait tries the lock again

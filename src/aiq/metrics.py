@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from .errors import OutputError
 from .files import write_atomic
-from .records import Stats
 from .run_records import Progress
+from .stats import Stats
 
 
 @dataclass(slots=True)

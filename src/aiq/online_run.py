@@ -22,8 +22,9 @@ from .joblog import OnAttempt
 from .metrics import MetricsWriter
 from .outputs import export_all
 from .pricing import price_for
-from .records import EnqueueCounts, Stats
+from .records import EnqueueCounts
 from .run_records import Export, Progress, RunSummary
+from .stats import Stats
 from .store import JobStore
 from .timeouts import Timeouts
 

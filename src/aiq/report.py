@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .defaults import DEFAULT_NAMES, WITHHELD_TEMPERATURE
 from .durations import fmt_duration
-from .records import UNKNOWN_TIER, EnqueueCounts, Pruned, Replayed, Stats, TierUsage
+from .records import EnqueueCounts, Pruned, Replayed
 from .report_batches import batch_lines, batch_run_line
+from .stats import UNKNOWN_TIER, Stats, TierUsage
 from .text import plural, size_text, usd
 from .usage import TokenKinds
 

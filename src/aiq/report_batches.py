@@ -8,8 +8,8 @@ from .durations import fmt_duration
 from .text import plural
 
 if TYPE_CHECKING:
-    from .records import Stats
     from .run_records import BatchRun
+    from .stats import Stats
 
 
 def batch_run_line(b: BatchRun) -> str:

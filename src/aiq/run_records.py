@@ -14,7 +14,8 @@ from typing import Any
 
 from .contract import TIERS, OnTruncated, StopReason
 from .errors import FatalProviderError, Interrupted, LimitReached
-from .records import UNKNOWN_TIER, EnqueueCounts, Stats, TierUsage
+from .records import EnqueueCounts
+from .stats import UNKNOWN_TIER, Stats, TierUsage
 from .usage import TokenKinds
 
 __all__ = ["AttemptEvent", "BatchRun", "Export", "Progress", "RunSummary", "TierSpend"]

@@ -22,7 +22,8 @@ import orjson
 
 from . import tallies
 from .batchqueue import BatchQueue
-from .records import DEAD, DONE, QUEUED, RUNNING, Carried, Source, Stats, Target
+from .records import DEAD, DONE, QUEUED, RUNNING, Carried, Source, Target
+from .stats import Stats
 
 # What result_rows can select: a column of the item (its input line) or of its job.
 _RESULT_SQL = {

@@ -12,8 +12,9 @@ from .blocking import run as run_here
 from .config import Config
 from .database import require_store
 from .lock import StoreLock, run_state
-from .records import Replayed, Stats
+from .records import Replayed
 from .retention import Pruned, prune, store_size, vacuum
+from .stats import Stats
 from .store import open_store
 
 if TYPE_CHECKING:

@@ -19,18 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from .contract import TIERS, StateName
-from .records import (
-    DEAD,
-    DONE,
-    QUEUED,
-    RATE_WINDOW_S,
-    RUNNING,
-    STATE_NAMES,
-    UNKNOWN_TIER,
-    ModelUsage,
-    Stats,
-    TierUsage,
-)
+from .records import DEAD, DONE, QUEUED, RUNNING, STATE_NAMES
+from .stats import RATE_WINDOW_S, UNKNOWN_TIER, ModelUsage, Stats, TierUsage
 from .stops import CONTENT_FILTER, TRUNCATED
 from .usage import TokenKinds
 
