@@ -26,7 +26,14 @@ import aiq
 SRC = Path(aiq.__file__).parent
 
 # The views: they render records, so they import records, never what produces them.
-VIEWS = ("aiq.progress", "aiq.metrics", "aiq.report", "aiq.report_batches", "aiq.report_forecast")
+VIEWS = (
+    "aiq.progress",
+    "aiq.metrics",
+    "aiq.report",
+    "aiq.report_batches",
+    "aiq.report_forecast",
+    "aiq.report_store",
+)
 # Third-party packages of the engine (the store, the HTTP clients): a module importing one is
 # below the library's records and above none of the views.
 ENGINE_PACKAGES = frozenset({"aiosqlite", "httpx", "aiohttp"})

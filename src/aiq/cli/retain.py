@@ -53,7 +53,7 @@ def prune(
     """
 
     def body() -> None:
-        from .. import report, store_commands
+        from .. import report_store, store_commands
         from ..durations import parse_age
 
         if not wait >= 0:  # NaN too
@@ -69,6 +69,6 @@ def prune(
                 keep_results=keep_results, forget=forget, lock_wait_s=wait,
             )
         )  # fmt: skip
-        print("\n".join(report.prune_lines(pruned)))
+        print("\n".join(report_store.prune_lines(pruned)))
 
     guard(traceback, body)

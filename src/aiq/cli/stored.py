@@ -106,7 +106,7 @@ def replay_dead(
     """Move dead jobs back to the queue with attempts reset (then `aiq resume`)."""
 
     def body() -> None:
-        from .. import report, store_commands
+        from .. import report_store, store_commands
 
         replayed = sync(
             store_commands.replay_dead(
@@ -117,7 +117,7 @@ def replay_dead(
                 dry_run=dry_run,
             )
         )
-        print("\n".join(report.replay_lines(replayed)))
+        print("\n".join(report_store.replay_lines(replayed)))
 
     guard(traceback, body)
 
