@@ -174,6 +174,51 @@ def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
     assert len(hung) == 1 and FLOOR_S <= hung[0] < FLOOR_S + _SWEEP_S + 0.15, hung
 
 
+def test_a_hang_at_the_batchs_tail_is_cut_once_the_calls_after_it_are_back(
+    tmp_path: Path,
+) -> None:
+    """Nothing else waits to be sent, so the hang holds up the run's end: it is cut once the
+    calls sent after it have come back (timed_calls TAIL_*), well before the learned
+    timeout's floor, where it was cut before."""
+    path = tmp_path / "in.jsonl"
+    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(60)])
+    calls: list[str] = []
+    hung: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        calls.append(prompt)
+        if prompt == "q45" and not hung:  # 14 go after it, the last 4 while it is out
+            began = time.monotonic()
+            try:
+                await asyncio.sleep(30)
+            finally:
+                hung.append(time.monotonic() - began)
+        await asyncio.sleep(0.01)
+        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
+
+    timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+    _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=4))
+    assert stats.counts["done"] == 60 and stats.timeouts == 1
+    assert calls.count("q45") == 2 and len(calls) == 61
+    assert timeouts.learned_s("m") == FLOOR_S
+    assert len(hung) == 1 and hung[0] < 0.8 * FLOOR_S, hung  # ~0.1 s
+
+
+def test_a_provider_slowing_down_at_the_tail_is_not_cut(tmp_path: Path) -> None:
+    """The provider slows down as the batch ends: its last 16 calls take 30x the p99 learned
+    (under the timeout's floor). None outruns another, so none is cut; a tail rule on the
+    clock alone would cut them all at twice the p99, each billed twice."""
+    path = tmp_path / "in.jsonl"
+    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(100)])
+    calls: list[str] = []
+    handler = _answering(calls, lambda p: 0.3 if int(p[1:]) >= 84 else 0.01)
+    timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+    _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=16))
+    assert stats.counts["done"] == 100
+    assert stats.timeouts == 0 and len(calls) == 100, f"{stats.timeouts} cut"
+
+
 def _answering(calls: list[str], seconds: Callable[[str], float]) -> Any:
     """A MockTransport handler that notes each call's prompt and answers it after
     ``seconds(prompt)``."""

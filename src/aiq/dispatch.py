@@ -138,6 +138,12 @@ class Dispatcher:
         await self._store.release(list(self._claimed.values()))
 
     @property
+    def drained(self) -> bool:
+        """Whether nothing waits to be sent: every job claimed went to a sender, and the last
+        claim found no more due (the batch's tail; senders may still wait for slots)."""
+        return not self._more_due and not self._queue.qsize()
+
+    @property
     def retry_in_s(self) -> float | None:
         """When nothing is claimed: how long until the next job comes due (None: jobs are
         claimed, or nothing is queued)."""

@@ -99,7 +99,9 @@ class Sender:
         self._testing: Ticket | None = None  # the pause's test, while it is out
         self.fatal: ProviderError | None = None
         # Calls cut at their model's learned timeout (aiq.timed_calls); None: the ceiling alone.
-        self._timed = None if timeouts is None else TimedCalls(timeouts, retry.max_attempts)
+        self._timed = None
+        if timeouts is not None:
+            self._timed = TimedCalls(timeouts, retry.max_attempts, lambda: dispatch.drained)
 
     def close(self) -> None:
         """The run's calls are over: no sweep is left for a later run."""

@@ -9,6 +9,7 @@ their model's is known are cut by the first reply that teaches it, if they are p
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from .providers.base import Provider, ProviderError, Reply
 from .records import Job
@@ -17,6 +18,16 @@ from .timeouts import Timeouts
 # How often calls are checked against their learned timeout: a cut comes up to this late, a
 # fifth of the shortest timeout (timeouts.FLOOR_S); a scan of ~1,500 calls, 20 times a second.
 _SWEEP_S = 0.05
+# The batch's tail: once nothing waits to be sent, a hang holds up the run's end by the whole
+# timeout (bench/README.md, the hang row: 4 x the p99, and at least half a second, where
+# replies take 50 ms). There a call is cut sooner if it has been out TAIL_MULTIPLE x the p99
+# and the calls sent after it have outrun it: at least TAIL_AFTER went after it, and at most
+# TAIL_SHARE of those are still out. Measured against those sent after it, not against the
+# clock, so a stall of aiq's own loop (a loaded machine's) cuts nothing: it holds their
+# replies back as much as this one's.
+TAIL_MULTIPLE = 2.0
+TAIL_AFTER = 10
+TAIL_SHARE = 0.1
 
 
 class TimedCalls:
@@ -24,9 +35,13 @@ class TimedCalls:
     :meth:`replied` with each reply's latency, :meth:`done` once a job is no longer queued,
     :meth:`close` at the run's end."""
 
-    def __init__(self, timeouts: Timeouts, max_attempts: int) -> None:
+    def __init__(
+        self, timeouts: Timeouts, max_attempts: int, drained: Callable[[], bool] = lambda: False
+    ) -> None:
         self.timeouts = timeouts
         self._max_attempts = max_attempts
+        self._drained = drained  # whether nothing waits to be sent: the batch's tail
+        self._tail_cut: set[asyncio.Timeout] = set()  # cut as a straggler at the tail
         self._cuts: dict[int, int] = {}  # job id -> times a learned timeout cut it
         # Calls sent before their model's timeout was learned, with when they went: the
         # first reply that teaches it cuts those already past it (a hang among the first
@@ -91,24 +106,55 @@ class TimedCalls:
         except TimeoutError:
             self._cuts[job.id] = self._cuts.get(job.id, 0) + 1
             took_s = loop.time() - start
+            if bound in self._tail_cut:
+                why = "the calls sent after it came back, and nothing else waits to be sent"
+            else:
+                why = "aiq's timeout learned from this model's replies "
+                why += f"({timeouts.rule.multiple:g}x their p99)"
             raise ProviderError(
                 "timeout",
-                f"no reply in {took_s:.1f} s, aiq's timeout learned from this model's replies "
-                f"({timeouts.rule.multiple:g}x their p99); the next attempt waits longer, "
+                f"no reply in {took_s:.1f} s, {why}; the next attempt waits longer, "
                 f"up to --timeout {timeouts.ceiling_s:g} s",
                 retryable=True,
                 cut=True,
             ) from None
+        finally:
+            if self._tail_cut:
+                self._tail_cut.discard(bound)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         """Cut the calls past their learned timeout (a TimeoutError in each, from asyncio's
         own timeout); look again in _SWEEP_S while any call has one."""
         now = loop.time()
         deadlines = self._deadlines
-        for bound in [b for b, at in deadlines.items() if at <= now]:
-            del deadlines[bound]
-            bound.reschedule(now)
+        due = [b for b, at in deadlines.items() if at <= now]
+        if self._drained():
+            due.extend(self._stragglers(now))
+        for bound in due:
+            if deadlines.pop(bound, None) is not None:
+                bound.reschedule(now)
         self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if deadlines else None
+
+    def _stragglers(self, now: float) -> list[asyncio.Timeout]:
+        """At the batch's tail: the calls under a learned timeout that those sent after them
+        have outrun (TAIL_MULTIPLE, TAIL_AFTER, TAIL_SHARE). Each is marked as cut so."""
+        timeouts, deadlines, found = self.timeouts, self._deadlines, []
+        for model, out in self._out.items():
+            p = timeouts.percentile_s(model)
+            if p is None or not out:
+                continue
+            late = now - TAIL_MULTIPLE * p
+            left = len(out)  # out is in the order the calls went
+            for bound, start in out.items():
+                left -= 1  # now: how many went after this one and are still out
+                if start > late:
+                    break  # and every later one
+                if bound in deadlines and deadlines[bound] > now:
+                    after = timeouts.sent_after(model, start)
+                    if after >= TAIL_AFTER and left <= TAIL_SHARE * after:
+                        found.append(bound)
+        self._tail_cut.update(found)
+        return found
 
     def replied(self, model: str | None, latency_s: float) -> None:
         """Feed a reply's latency to the timeouts; once the model's is known, cut the calls

@@ -102,6 +102,10 @@ class _Latencies:
     def sent(self, at: float) -> None:
         self._sent.append(at)
 
+    def sent_after(self, at: float) -> int:
+        """How many of the calls kept went after ``at``."""
+        return len(self._sent) - bisect.bisect_right(self._sent, at)
+
     def _went(self, now: float, p: float) -> int:
         """How many calls went between _SPAN x ``p`` and _NEAR x ``p`` ago."""
         sent, since = self._sent, now - _SPAN * p
@@ -159,6 +163,17 @@ class Timeouts:
         if m is None or m.timeout_s is None:
             return None
         return min(m.timeout_s, self.ceiling_s)
+
+    def percentile_s(self, model: str | None) -> float | None:
+        """The p99 of ``model``'s replies behind its learned timeout; None before one is."""
+        m = self._models.get(model)
+        return None if m is None or m.timeout_s is None else m._p
+
+    def sent_after(self, model: str | None, at: float) -> int:
+        """How many calls to ``model`` went after ``at`` (of those sent in the last _SPAN x
+        its p99; all of them, before one is learned)."""
+        m = self._models.get(model)
+        return 0 if m is None else m.sent_after(at)
 
     def timeout_s(self, model: str | None, *, cuts: int = 0, last: bool = False) -> float | None:
         """How long the next call may take before aiq cuts it, or None: only the ceiling
