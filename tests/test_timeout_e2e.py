@@ -174,21 +174,25 @@ def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
     assert len(hung) == 1 and FLOOR_S <= hung[0] < FLOOR_S + _SWEEP_S + 0.15, hung
 
 
-def test_a_hang_at_the_batchs_tail_is_cut_once_the_calls_after_it_are_back(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("jobs", "concurrency", "hangs"),
+    [(60, 4, "q45"), (100, 16, "q99")],  # 14 go after it, the last 4 while it is out; the last
+)
+def test_a_hang_at_the_batchs_tail_is_cut_once_the_calls_around_it_are_back(
+    tmp_path: Path, jobs: int, concurrency: int, hangs: str
 ) -> None:
     """Nothing else waits to be sent, so the hang holds up the run's end: it is cut once the
-    calls sent after it have come back (timed_calls TAIL_*), well before the learned
-    timeout's floor, where it was cut before."""
+    calls sent around it have come back (timed_calls TAIL_*), well before the learned
+    timeout's floor, where it was cut before. The batch's last call too, by those before it."""
     path = tmp_path / "in.jsonl"
-    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(60)])
+    write_prompts(path, [(f"c{i}", f"q{i}") for i in range(jobs)])
     calls: list[str] = []
     hung: list[float] = []
 
     async def handler(request: httpx.Request) -> httpx.Response:
         prompt = json.loads(request.content)["messages"][-1]["content"]
         calls.append(prompt)
-        if prompt == "q45" and not hung:  # 14 go after it, the last 4 while it is out
+        if prompt == hangs and not hung:
             began = time.monotonic()
             try:
                 await asyncio.sleep(30)
@@ -198,9 +202,9 @@ def test_a_hang_at_the_batchs_tail_is_cut_once_the_calls_after_it_are_back(
         return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
 
     timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
-    _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=4))
-    assert stats.counts["done"] == 60 and stats.timeouts == 1
-    assert calls.count("q45") == 2 and len(calls) == 61
+    _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=concurrency))
+    assert stats.counts["done"] == jobs and stats.timeouts == 1
+    assert calls.count(hangs) == 2 and len(calls) == jobs + 1
     assert timeouts.learned_s("m") == FLOOR_S
     assert len(hung) == 1 and hung[0] < 0.8 * FLOOR_S, hung  # ~0.1 s
 

@@ -9,6 +9,7 @@ their model's is known are cut by the first reply that teaches it, if they are p
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Callable
 
 from .providers.base import Provider, ProviderError, Reply
@@ -21,12 +22,13 @@ _SWEEP_S = 0.05
 # The batch's tail: once nothing waits to be sent, a hang holds up the run's end by the whole
 # timeout (bench/README.md, the hang row: 4 x the p99, and at least half a second, where
 # replies take 50 ms). There a call is cut sooner if it has been out TAIL_MULTIPLE x the p99
-# and the calls sent after it have outrun it: at least TAIL_AFTER went after it, and at most
-# TAIL_SHARE of those are still out. Measured against those sent after it, not against the
-# clock, so a stall of aiq's own loop (a loaded machine's) cuts nothing: it holds their
-# replies back as much as this one's.
+# and the calls sent around it have outrun it: of those sent from a p99 before it on, at least
+# TAIL_AROUND went and at most TAIL_SHARE are still out. Measured against those calls, not
+# the clock, so a provider slowing down as the batch ends, or a stall of aiq's own loop (a
+# loaded machine's), cuts nothing: it holds their replies back as much as this one's. (The
+# p99 before it: the batch's very last call has none after it.)
 TAIL_MULTIPLE = 2.0
-TAIL_AFTER = 10
+TAIL_AROUND = 10
 TAIL_SHARE = 0.1
 
 
@@ -103,11 +105,13 @@ class TimedCalls:
                     del out[bound]
                     if marks is not None:
                         marks.pop(bound, None)
+                        if marks is untimed:  # (moved to _deadlines once one was learned)
+                            self._deadlines.pop(bound, None)
         except TimeoutError:
             self._cuts[job.id] = self._cuts.get(job.id, 0) + 1
             took_s = loop.time() - start
             if bound in self._tail_cut:
-                why = "the calls sent after it came back, and nothing else waits to be sent"
+                why = "the calls sent around it came back, and nothing else waits to be sent"
             else:
                 why = "aiq's timeout learned from this model's replies "
                 why += f"({timeouts.rule.multiple:g}x their p99)"
@@ -136,22 +140,24 @@ class TimedCalls:
         self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if deadlines else None
 
     def _stragglers(self, now: float) -> list[asyncio.Timeout]:
-        """At the batch's tail: the calls under a learned timeout that those sent after them
-        have outrun (TAIL_MULTIPLE, TAIL_AFTER, TAIL_SHARE). Each is marked as cut so."""
+        """At the batch's tail: the calls under a learned timeout that the calls sent around
+        them have outrun (TAIL_*). Each is marked as cut so."""
         timeouts, deadlines, found = self.timeouts, self._deadlines, []
         for model, out in self._out.items():
             p = timeouts.percentile_s(model)
             if p is None or not out:
                 continue
             late = now - TAIL_MULTIPLE * p
-            left = len(out)  # out is in the order the calls went
+            starts = list(out.values())  # in the order the calls went
             for bound, start in out.items():
-                left -= 1  # now: how many went after this one and are still out
                 if start > late:
                     break  # and every later one
                 if bound in deadlines and deadlines[bound] > now:
-                    after = timeouts.sent_after(model, start)
-                    if after >= TAIL_AFTER and left <= TAIL_SHARE * after:
+                    # The calls sent from a p99 before this one on, but itself: how many
+                    # went, how many are still out.
+                    went = timeouts.sent_after(model, start - p) - 1
+                    left = len(starts) - bisect.bisect_left(starts, start - p) - 1
+                    if went >= TAIL_AROUND and left <= TAIL_SHARE * went:
                         found.append(bound)
         self._tail_cut.update(found)
         return found
@@ -164,6 +170,11 @@ class TimedCalls:
         self.timeouts.observe(model, latency_s, now=now, out=out.values())
         untimed = self._untimed.get(model)
         if untimed and (limit_s := self.timeouts.timeout_s(model)) is not None:
+            # Under the learned timeout from now on, swept as the calls sent under it are
+            # (those already past it at the next sweep), and looked at as the tail's are.
             for bound, start in untimed.items():
-                bound.reschedule(start + limit_s)
-            untimed.clear()  # each is cut or answered; their finally finds them gone
+                self._deadlines[bound] = start + limit_s
+            untimed.clear()
+            if self._sweeper is None:
+                loop = asyncio.get_running_loop()
+                self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)

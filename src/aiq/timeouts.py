@@ -108,10 +108,15 @@ class _Latencies:
 
     def _went(self, now: float, p: float) -> int:
         """How many calls went between _SPAN x ``p`` and _NEAR x ``p`` ago."""
-        sent, since = self._sent, now - _SPAN * p
-        while sent and sent[0] < since:
+        sent = self._sent
+        # Kept as far back as the tail's rule looks (aiq.timed_calls: a p99 before a call
+        # out for up to the timeout's floor), or a slow tail forgot what went round a hang.
+        keep = now - max(_SPAN * p, self._rule.floor_s + 2 * p)
+        while sent and sent[0] < keep:
             sent.popleft()
-        return bisect.bisect_right(sent, now - _NEAR * p)
+        return bisect.bisect_right(sent, now - _NEAR * p) - bisect.bisect_left(
+            sent, now - _SPAN * p
+        )
 
     def _still_out(self, now: float, p: float, out: Collection[float]) -> float:
         """The share still out of the calls sent between _SPAN x ``p`` and _NEAR x ``p``
@@ -170,8 +175,9 @@ class Timeouts:
         return None if m is None or m.timeout_s is None else m._p
 
     def sent_after(self, model: str | None, at: float) -> int:
-        """How many calls to ``model`` went after ``at`` (of those sent in the last _SPAN x
-        its p99; all of them, before one is learned)."""
+        """How many calls to ``model`` went after ``at``, of those kept: from the last
+        reply's time back the longer of _SPAN x its p99 and the floor plus twice the p99
+        (every one, before a timeout is learned)."""
         m = self._models.get(model)
         return 0 if m is None else m.sent_after(at)
 
