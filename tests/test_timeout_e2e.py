@@ -155,18 +155,7 @@ def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     write_prompts(path, [(f"c{i}", f"q{i}") for i in range(12)])
     hung: list[float] = []
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        prompt = json.loads(request.content)["messages"][-1]["content"]
-        if prompt == "q11" and not hung:
-            began = time.monotonic()
-            try:
-                await asyncio.sleep(30)
-            finally:
-                hung.append(time.monotonic() - began)
-        await asyncio.sleep(0.01)
-        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
-
+    handler = _hanging_once("q11", [], hung)
     timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
     _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=1))
     assert stats.counts["done"] == 12 and stats.timeouts == 1
@@ -188,19 +177,7 @@ def test_a_hang_at_the_batchs_tail_is_cut_once_the_calls_around_it_are_back(
     write_prompts(path, [(f"c{i}", f"q{i}") for i in range(jobs)])
     calls: list[str] = []
     hung: list[float] = []
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        prompt = json.loads(request.content)["messages"][-1]["content"]
-        calls.append(prompt)
-        if prompt == hangs and not hung:
-            began = time.monotonic()
-            try:
-                await asyncio.sleep(30)
-            finally:
-                hung.append(time.monotonic() - began)
-        await asyncio.sleep(0.01)
-        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
-
+    handler = _hanging_once(hangs, calls, hung)
     timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
     _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=concurrency))
     assert stats.counts["done"] == jobs and stats.timeouts == 1
@@ -221,6 +198,25 @@ def test_a_provider_slowing_down_at_the_tail_is_not_cut(tmp_path: Path) -> None:
     _, stats = asyncio.run(_run_mocked(tmp_path, path, handler, timeouts, concurrency=16))
     assert stats.counts["done"] == 100
     assert stats.timeouts == 0 and len(calls) == 100, f"{stats.timeouts} cut"
+
+
+def _hanging_once(prompt: str, calls: list[str], hung: list[float]) -> Any:
+    """A MockTransport handler that notes each call's prompt and answers it in 10 ms, but
+    hangs the first call of ``prompt`` for 30 s (``hung``: how long it was out, once cut)."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        asked = json.loads(request.content)["messages"][-1]["content"]
+        calls.append(asked)
+        if asked == prompt and not hung:
+            began = time.monotonic()
+            try:
+                await asyncio.sleep(30)
+            finally:
+                hung.append(time.monotonic() - began)
+        await asyncio.sleep(0.01)
+        return httpx.Response(200, json={"id": "x", "choices": [], "usage": {}})
+
+    return handler
 
 
 def _answering(calls: list[str], seconds: Callable[[str], float]) -> Any:

@@ -108,23 +108,27 @@ class TimedCalls:
                         if marks is untimed:  # (moved to _deadlines once one was learned)
                             self._deadlines.pop(bound, None)
         except TimeoutError:
-            self._cuts[job.id] = self._cuts.get(job.id, 0) + 1
-            took_s = loop.time() - start
-            if bound in self._tail_cut:
-                why = "the calls sent around it came back, and nothing else waits to be sent"
-            else:
-                why = "aiq's timeout learned from this model's replies "
-                why += f"({timeouts.rule.multiple:g}x their p99)"
-            raise ProviderError(
-                "timeout",
-                f"no reply in {took_s:.1f} s, {why}; the next attempt waits longer, "
-                f"up to --timeout {timeouts.ceiling_s:g} s",
-                retryable=True,
-                cut=True,
-            ) from None
+            raise self._cut(job, loop.time() - start, tail=bound in self._tail_cut) from None
         finally:
             if self._tail_cut:
                 self._tail_cut.discard(bound)
+
+    def _cut(self, job: Job, took_s: float, *, tail: bool) -> ProviderError:
+        """The error of a call cut after ``took_s`` (``tail``: as the tail's straggler)."""
+        self._cuts[job.id] = self._cuts.get(job.id, 0) + 1
+        timeouts = self.timeouts
+        if tail:
+            why = "the calls sent around it came back, and nothing else waits to be sent"
+        else:
+            why = "aiq's timeout learned from this model's replies "
+            why += f"({timeouts.rule.multiple:g}x their p99)"
+        return ProviderError(
+            "timeout",
+            f"no reply in {took_s:.1f} s, {why}; the next attempt waits longer, "
+            f"up to --timeout {timeouts.ceiling_s:g} s",
+            retryable=True,
+            cut=True,
+        )
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         """Cut the calls past their learned timeout (a TimeoutError in each, from asyncio's
