@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -20,15 +20,18 @@ from fakeserver import FakeServer
 
 from aiq.enqueue import add_file
 from aiq.inputs import Defaults
+from aiq.providers.base import ProviderError, Reply
 from aiq.providers.openai import OpenAIProvider
+from aiq.records import Job
 from aiq.requestfile import read_requests
 from aiq.stats import Stats
 from aiq.store import JobStore
-from aiq.timed_calls import _SWEEP_S
+from aiq.timed_calls import _SWEEP_S, TimedCalls
 from aiq.timeouts import FLOOR_S, TimeoutRule, Timeouts
 from aiq.transport import AiohttpTransport
 from aiq.worker import RetryPolicy, Worker
 
+_CHAT = "/v1/chat/completions"
 pytestmark = pytest.mark.slow  # every test here runs aiq or a server in real time
 
 
@@ -184,6 +187,50 @@ def test_a_hang_at_the_batchs_tail_is_cut_once_the_calls_around_it_are_back(
     assert calls.count(hangs) == 2 and len(calls) == jobs + 1
     assert timeouts.learned_s("m") == FLOOR_S
     assert len(hung) == 1 and hung[0] < 0.8 * FLOOR_S, hung  # ~0.1 s
+
+
+def test_a_slow_call_cut_at_the_tail_is_given_longer_next_time() -> None:
+    """A call 30x slower than the rest (under the floor: only the tail's rule cuts it) is cut
+    once the calls around it are back; sent again among as many fast ones, it is left to its
+    longer timeout (timeouts.ESCALATE) and finishes, not cut at every attempt."""
+
+    class Provider:
+        async def send(self, endpoint: str, body: bytes) -> Reply:
+            await asyncio.sleep(0.3 if body == b"slow" else 0.01)
+            return cast(Reply, body)
+
+    async def main() -> list[str]:
+        timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+        timed = TimedCalls(timeouts, max_attempts=5, drained=lambda: True)
+        loop = asyncio.get_running_loop()
+
+        async def call(job: Job) -> str:
+            began = loop.time()
+            try:
+                await timed.send(cast(Any, Provider()), job, "m")
+            except ProviderError:
+                return "cut"
+            timed.replied("m", loop.time() - began)
+            return "ok"
+
+        def jobs(n: int, first: int) -> list[Job]:
+            return [
+                Job(i, "/v1/chat/completions", b"fast", 0, None, "m")
+                for i in range(first, first + n)
+            ]
+
+        for k in range(3):  # the p99 learned: ~10 ms, the timeout its floor
+            await asyncio.gather(*map(call, jobs(10, 100 + 10 * k)))
+        assert timeouts.learned_s("m") == FLOOR_S
+        seen = []
+        for attempt in (0, 1):
+            slow = Job(1, _CHAT, b"slow", attempt, None, "m")
+            done = await asyncio.gather(call(slow), *map(call, jobs(24, 200 + 100 * attempt)))
+            seen.append(done[0])
+        timed.close()
+        return seen
+
+    assert asyncio.run(main()) == ["cut", "ok"]
 
 
 def test_a_provider_slowing_down_at_the_tail_is_not_cut(tmp_path: Path) -> None:

@@ -20,14 +20,15 @@ from .timeouts import Timeouts
 # fifth of the shortest timeout (timeouts.FLOOR_S); a scan of ~1,500 calls, 20 times a second.
 _SWEEP_S = 0.05
 # The batch's tail: once nothing waits to be sent, a hang holds up the run's end by the whole
-# timeout (bench/README.md, the hang row: 4 x the p99, and at least half a second, where
-# replies take 50 ms). There a call is cut sooner if it has been out TAIL_MULTIPLE x the p99
-# and the calls sent around it have outrun it: of those sent from a p99 before it on, at least
-# TAIL_AROUND went and at most TAIL_SHARE are still out. Measured against those calls, not
-# the clock, so a provider slowing down as the batch ends, or a stall of aiq's own loop (a
-# loaded machine's), cuts nothing: it holds their replies back as much as this one's. (The
-# p99 before it: the batch's very last call has none after it.)
-TAIL_MULTIPLE = 2.0
+# timeout, and where replies take milliseconds that is the floor (timeouts.FLOOR_S: half a
+# second against 4x a p99 of ~0.1 s; bench/README.md, the hang row). There the floor goes
+# for a call that the calls sent around it have outrun: of those sent from a p99 before it
+# on, at least TAIL_AROUND went and at most TAIL_SHARE are still out. The floor is there for
+# stalls of aiq's own loop on a loaded machine, and such a stall (or a provider slowing down
+# as the batch ends) holds their replies back as much as this one's, so it cuts nothing. The
+# multiple of the p99 stays: a long generation is cut no sooner than anywhere else (2x the
+# p99 read 0.943 on the hang row, 4x 0.933; both at target). (The p99 before it: the batch's
+# very last call has none after it.)
 TAIL_AROUND = 10
 TAIL_SHARE = 0.1
 
@@ -44,6 +45,9 @@ class TimedCalls:
         self._max_attempts = max_attempts
         self._drained = drained  # whether nothing waits to be sent: the batch's tail
         self._tail_cut: set[asyncio.Timeout] = set()  # cut as a straggler at the tail
+        # Calls of jobs cut before, given longer (timeouts.ESCALATE): the tail's rule leaves
+        # them to it, or a long generation at the tail would be cut at every attempt.
+        self._longer: set[asyncio.Timeout] = set()
         self._cuts: dict[int, int] = {}  # job id -> times a learned timeout cut it
         # Calls sent before their model's timeout was learned, with when they went: the
         # first reply that teaches it cuts those already past it (a hang among the first
@@ -76,7 +80,8 @@ class TimedCalls:
         """
         timeouts = self.timeouts
         last = job.attempts + 1 >= self._max_attempts  # the last gets the whole ceiling
-        limit_s = timeouts.timeout_s(model, cuts=self._cuts.get(job.id, 0), last=last)
+        cuts = self._cuts.get(job.id, 0)
+        limit_s = timeouts.timeout_s(model, cuts=cuts, last=last)
         untimed = None
         if limit_s is None and not last and timeouts.learned_s(model) is None:
             untimed = self._untimed.setdefault(model, {})
@@ -91,6 +96,8 @@ class TimedCalls:
                 if limit_s is not None:
                     marks = self._deadlines
                     marks[bound] = start + limit_s
+                    if cuts:
+                        self._longer.add(bound)
                     if self._sweeper is None:
                         self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
                 elif untimed is not None:
@@ -112,6 +119,8 @@ class TimedCalls:
         finally:
             if self._tail_cut:
                 self._tail_cut.discard(bound)
+            if cuts:
+                self._longer.discard(bound)
 
     def _cut(self, job: Job, took_s: float, *, tail: bool) -> ProviderError:
         """The error of a call cut after ``took_s`` (``tail``: as the tail's straggler)."""
@@ -144,19 +153,19 @@ class TimedCalls:
         self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if deadlines else None
 
     def _stragglers(self, now: float) -> list[asyncio.Timeout]:
-        """At the batch's tail: the calls under a learned timeout that the calls sent around
-        them have outrun (TAIL_*). Each is marked as cut so."""
+        """At the batch's tail: the calls out past their learned timeout but its floor that
+        the calls sent around them have outrun (TAIL_*). Each is marked as cut so."""
         timeouts, deadlines, found = self.timeouts, self._deadlines, []
         for model, out in self._out.items():
             p = timeouts.percentile_s(model)
             if p is None or not out:
                 continue
-            late = now - TAIL_MULTIPLE * p
+            late = now - timeouts.rule.multiple * p  # (the learned timeout, but its floor)
             starts = list(out.values())  # in the order the calls went
             for bound, start in out.items():
                 if start > late:
                     break  # and every later one
-                if bound in deadlines and deadlines[bound] > now:
+                if bound in deadlines and deadlines[bound] > now and bound not in self._longer:
                     # The calls sent from a p99 before this one on, but itself: how many
                     # went, how many are still out.
                     went = timeouts.sent_after(model, start - p) - 1
