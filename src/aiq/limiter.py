@@ -261,7 +261,7 @@ class RateLimiter(Feedback, LimitReadings):
         if at == math.inf:
             return at
         if self._refusal.books:
-            ticket.window = self._refusal.book(at)
+            ticket.window = self._refusal.book(at, now)
         if (requests := self._paced_requests()) is not None:
             ticket.request = requests.book(at, 1)
         if self._tokens is not None and cost:

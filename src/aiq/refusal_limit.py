@@ -363,8 +363,8 @@ class RefusalLimit:
             k += 1
         return at if k == first else self._phase + k * SPAN_S
 
-    def book(self, at: float) -> Booking:
-        """Book one request at ``at`` (from :meth:`ready_at`)."""
+    def book(self, at: float, now: float) -> Booking:
+        """Book one request at ``at`` (from :meth:`ready_at`), at ``now``."""
         if self.paced is not None:
             return self.paced.book(at, 1.0)
         if not self._confirmed:
@@ -373,8 +373,8 @@ class RefusalLimit:
         k = self._index(at)
         booked = self._booked
         booked[k] = booked.get(k, 0.0) + 1
-        if len(booked) > 8:  # windows long past
-            for old in [i for i in booked if i < k - 2]:
+        if len(booked) > 8:  # windows long past (not the newest's: senders book ahead)
+            for old in [i for i in booked if i < self._index(now) - 1]:
                 del booked[old]
         return Booking(at, 1.0, _WINDOW - self._era)
 
