@@ -170,6 +170,8 @@ class RateLimiter(Feedback, LimitReadings):
             self._left.sent(ticket.sent_at, ticket)
         if ticket.request is not None and self._requests is not None:
             ticket.turn_look = self._requests.went(ticket.request)
+        if ticket.window is None and not self._headers_rule():
+            ticket.window = self._refusal.went(ticket.sent_at)  # (429s may yet teach a limit)
         return ticket
 
     def _confirm(self, now: float) -> None:
@@ -354,11 +356,14 @@ class RateLimiter(Feedback, LimitReadings):
         elif looked:
             self._slots.wake_all()
         if self._headers_rule():
+            if ticket.window is not None:  # (sent before the headers showed it)
+                self._refusal.forget(ticket.window)
+                ticket.window = None
             return  # a limit the provider reports: its 429s teach nothing more
         self._tested_by(ticket, through=through)
         if through:
             # What got through is what a 429 would teach.
-            if self._refusal.got_through(ticket.sent_at, self._clock()):
+            if self._refusal.got_through(ticket.sent_at, now, ticket.window):
                 self._slots.wake_all()  # a probe: the window turned, the senders held may go
         elif ticket.window is not None:
             self._refusal.forget(ticket.window)  # a probe lost: another may go

@@ -61,6 +61,10 @@ class RefusalLimit:
         self._through: deque[float] = deque()  # send times of requests that got through
         self.limit: float | None = None  # per window; None until a 429 teaches one
         self._learned = (-math.inf, -math.inf)  # the window it was learned from: [start, end)
+        self._refused_from = -math.inf  # when the first 429 it was learned from went
+        # Requests out that were sent with nothing booked here (``went``): one sent into the
+        # next window before the 429s taught a limit counts in it once one is learned.
+        self._out: set[Booking] = set()
         # Windows are [phase + k * SPAN_S, phase + (k + 1) * SPAN_S); what is booked in each
         # (bookings given back leave any window, so senders booked again fill it again).
         self._phase = 0.0
@@ -101,12 +105,22 @@ class RefusalLimit:
         self._booked = {-1: booked}
         self._era += 1  # bookings made before count in none of these
 
-    def got_through(self, sent_at: float, now: float) -> bool:
-        """A request sent at ``sent_at`` got through. True if it was a probe: the window
-        has turned, and the senders held for it may go.
+    def went(self, at: float) -> Booking:
+        """A request sent at ``at`` with nothing booked here (no limit learned yet): its
+        entry, to hand back to :meth:`got_through` or :meth:`forget`."""
+        entry = Booking(at, 1.0, _SENT)
+        self._out.add(entry)
+        return entry
+
+    def got_through(self, sent_at: float, now: float, booking: Booking | None = None) -> bool:
+        """A request sent at ``sent_at`` got through (``booking``: its, if it was booked
+        here). True if it was a probe: the window has turned, and the senders held for it
+        may go.
 
         One sent in the window the limit was learned from was still in flight at its 429,
-        so the window allows it too."""
+        so the window allows it too; one sent unbooked after it counts where it went."""
+        if booking is not None and booking.mark == _SENT:
+            self._out.discard(booking)
         if sent_at >= self._row_from:
             self._in_a_row, self.pending = 0, None
         self._latest_through = max(self._latest_through, sent_at)
@@ -130,10 +144,20 @@ class RefusalLimit:
             self._start_windows(sent_at + SPAN_S, 1.0)
             return True
         start, end = self._learned
-        if start <= sent_at < end:
-            self.limit += 1
-            k = self._index(sent_at)
-            self._booked[k] = self._booked.get(k, 0.0) + 1
+        if booking is not None and booking.mark == _WINDOW - self._era:
+            return False  # booked in the windows (or counted there as they began)
+        if sent_at < start:
+            return False
+        if sent_at < end and sent_at <= self._refused_from:
+            self.limit += 1  # in flight at the 429s, in their window: it allowed one more
+        elif sent_at < end:
+            # Sent after one the window refused, yet through: the window had turned when it
+            # went (a 429 answered after its turn named one a reply late), so the windows
+            # start no later than that, and what went since counts in them.
+            self._learned, self._phase = (start, sent_at), sent_at
+            self._count_out(sent_at)
+        k = self._index(sent_at)
+        self._booked[k] = self._booked.get(k, 0.0) + 1
         return False
 
     def refused(
@@ -247,6 +271,16 @@ class RefusalLimit:
         self.limit = max(1.0, got)
         self._booked[k] = self.limit
 
+    def _count_out(self, end: float) -> None:
+        """Requests out that went unbooked from ``end`` on, in windows just learned: counted
+        where they went (their 429s give them back), or each window's whole count follows
+        them in (a first 429 answered after its window's turn)."""
+        for entry in [e for e in self._out if e.at >= end]:
+            self._out.discard(entry)
+            entry.mark = _WINDOW - self._era
+            k = self._index(entry.at)
+            self._booked[k] = self._booked.get(k, 0.0) + 1
+
     def _learn(self, now: float, window_end: float, *, exact: bool, bound: bool = False) -> None:
         """The limit is what got through in the window turning at ``window_end``."""
         start = self.window_start(window_end)
@@ -257,7 +291,9 @@ class RefusalLimit:
             got = self.limit  # a probe refused: the window had not turned
         looked = self.limit is None and not self._confirmed  # (looks went before: see _look)
         self.limit, self._learned = got, (start, window_end)
+        self._refused_from = self._row_from
         self._start_windows(window_end, got)
+        self._count_out(window_end)
         self._confirmed = exact
         # A router's bound: its minutes are the clock's, the first look at their turn (a look
         # a second on, then two, four..., cost LiteLLM's router rows 1.2% of calls in 429s).
@@ -381,7 +417,9 @@ class RefusalLimit:
     def forget(self, entry: Booking) -> None:
         """The booking was never sent, or the server did not count it (its 429)."""
         if entry.cost:
-            if entry.mark == _PROBE:
+            if entry.mark == _SENT:
+                self._out.discard(entry)
+            elif entry.mark == _PROBE:
                 if entry is self._probe:  # (not one booked before a new limit's probe)
                     self._probe = None
             elif entry.mark == _WINDOW - self._era:
@@ -393,7 +431,8 @@ class RefusalLimit:
         entry.cost = 0.0
 
 
-# Marks no pace's booking has (theirs are running totals, never negative): a probe's, and a
-# window's, less the windows' era it was booked in.
+# Marks no pace's booking has (theirs are running totals, never negative): a probe's, one
+# sent unbooked (``went``), and a window's, less the windows' era it was booked in.
 _PROBE = -1.0
+_SENT = -2.0
 _WINDOW = -10.0
