@@ -121,6 +121,86 @@ def test_together_unsuffixed_headers_are_a_windows_count_not_a_limit() -> None:
     assert read_rate_limits({"x-tokenlimit-remaining": "4200"}) is not None
 
 
+def test_a_unix_time_for_a_reset_is_read_as_one() -> None:
+    # GitHub's style, many gateways' (seconds); OpenRouter's 429 metadata (milliseconds).
+    at = NOW.timestamp() + 30
+    for text in (f"{at:.0f}", f"{at * 1000:.0f}"):
+        info = parse_rate_limit_headers(
+            {"x-ratelimit-limit": "20", "x-ratelimit-remaining": "3", "x-ratelimit-reset": text},
+            NOW,
+        )
+        assert info.requests == Window(None, 3, 30.0, count=20)
+    left = {"x-ratelimit-remaining": "3"}
+    past = {**left, "x-ratelimit-reset": f"{NOW.timestamp() - 5:.0f}"}
+    assert parse_rate_limit_headers(past, NOW).requests.reset_s == 0.0
+    hour = {**left, "x-ratelimit-reset": "3600"}  # (a delay: an hour)
+    assert parse_rate_limit_headers(hour, NOW).requests.reset_s == 3600
+
+
+def test_kongs_windows_are_read_per_minute_with_the_drafts_reset() -> None:
+    # Kong's rate-limiting-advanced: a window per period beside the IETF draft's headers,
+    # which show the window with least left.
+    minute = {
+        "x-ratelimit-limit-minute": "150",
+        "x-ratelimit-remaining-minute": "20",
+        "ratelimit-limit": "150",
+        "ratelimit-remaining": "20",
+        "ratelimit-reset": "7",
+    }
+    assert parse_rate_limit_headers(minute, NOW).requests == Window(150, 20, 7.0, span_s=60)
+    # A second's 100 (6,000 a minute) and a minute's 600 beside it: the minute allows less;
+    # the draft's reset is the second's (its limit shows), so not the minute's.
+    both = {
+        "x-ratelimit-limit-second": "100",
+        "x-ratelimit-remaining-second": "4",
+        "x-ratelimit-limit-minute": "600",
+        "x-ratelimit-remaining-minute": "300",
+        "ratelimit-limit": "100",
+        "ratelimit-reset": "1",
+    }
+    assert parse_rate_limit_headers(both, NOW).requests == Window(600, 300, None, span_s=60)
+    ten = {"x-ratelimit-limit-10": "50", "x-ratelimit-remaining-10": "9"}
+    assert parse_rate_limit_headers(ten, NOW).requests == Window(300, 9, None, span_s=10)
+    # An hour's count is no per-minute limit: only what is left shows, from the draft's.
+    hour = {"x-ratelimit-limit-hour": "1000", "ratelimit-limit": "1000", "ratelimit-remaining": "9"}
+    assert parse_rate_limit_headers(hour, NOW).requests == Window(None, 9, None, count=1000)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        # express-rate-limit's draft-6, draft-7 and draft-8 headers for 100 a minute.
+        {
+            "ratelimit-policy": "100;w=60",
+            "ratelimit-limit": "100",
+            "ratelimit-remaining": "40",
+            "ratelimit-reset": "21",
+        },
+        {"ratelimit-policy": "100;w=60", "ratelimit": "limit=100, remaining=40, reset=21"},
+        {
+            "ratelimit-policy": '"100-in-1min"; q=100; w=60; pk=:ZmFrZQ==:',
+            "ratelimit": '"100-in-1min"; r=40; t=21',
+        },
+    ],
+    ids=["draft-6", "draft-7", "draft-8"],
+)
+def test_the_ietf_drafts_headers_in_each_version(headers: dict[str, str]) -> None:
+    assert parse_rate_limit_headers(headers, NOW).requests == Window(100, 40, 21.0, span_s=60)
+    assert read_rate_limits(httpx.Headers({k.title(): v for k, v in headers.items()})) is not None
+
+
+def test_the_drafts_headers_without_a_window_of_a_minute() -> None:
+    # No policy: a count whose window's length is unknown (as Together's).
+    bare = {"ratelimit-limit": "10", "ratelimit-remaining": "3", "ratelimit-reset": "2"}
+    assert parse_rate_limit_headers(bare, NOW).requests == Window(None, 3, 2.0, count=10)
+    # Several policies: the one whose quota the limit shows; a day's says only what is left.
+    several = {"ratelimit-policy": "10;w=1, 1000;w=86400", "ratelimit-limit": "1000"}
+    day = parse_rate_limit_headers({**several, "ratelimit-remaining": "5"}, NOW).requests
+    assert day == Window(None, 5, None)
+    second = parse_rate_limit_headers({**several, "ratelimit-limit": "10"}, NOW).requests
+    assert second == Window(600, None, None, span_s=1)
+
+
 def test_no_headers_and_garbage() -> None:
     assert parse_rate_limit_headers({}, NOW).empty
     info = parse_rate_limit_headers(
@@ -145,10 +225,19 @@ def _lower(headers: dict[str, str]) -> dict[str, str]:
 
 
 _PARTS, _KINDS = ("limit", "remaining", "reset"), ("requests", "tokens")
-_NAMES = [f"x-ratelimit-{p}-{k}" for p in _PARTS for k in _KINDS] + [
-    f"anthropic-ratelimit-{k}-{p}" for k in _KINDS for p in _PARTS
+_NAMES = [
+    *(f"x-ratelimit-{p}-{k}" for p in _PARTS for k in _KINDS),
+    *(f"anthropic-ratelimit-{k}-{p}" for k in _KINDS for p in _PARTS),
+    *(f"x-ratelimit-{p}-{w}" for p in _PARTS[:2] for w in ("second", "minute", "10", "hour")),
+    *(f"ratelimit-{p}" for p in (*_PARTS, "policy")),
+    "ratelimit",
 ]
-_VALUES = st.sampled_from(["500", "499", "0", "1.5", "6m0s", "120ms", "59.99s", "lots", "", "-3"])
+_VALUES = st.sampled_from(
+    [
+        *("500", "499", "0", "1.5", "6m0s", "120ms", "59.99s", "lots", "", "-3", "1765000000"),
+        *("100;w=60", "10;w=1, 50;w=60", '"q"; q=100; w=60', '"q"; r=4; t=2', "limit=9, reset=3"),
+    ]
+)
 
 
 @pytest.mark.slow

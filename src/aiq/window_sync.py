@@ -181,7 +181,10 @@ class WindowSync:
         # What is left may go at once where the provider says its window is short (then
         # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
-        short = reset is None or _short(remaining, reset, window_limit)
+        # A window the headers name (a gateway's minute) is the server's own count: what it
+        # says is left it takes now, as a bucket's content.
+        named = reported.span_s is not None and reported.span_s <= WINDOW_S
+        short = reset is None or named or _short(remaining, reset, window_limit)
         self.burst = own and not self.burst_off and short
         turn_s = self._turn_in_s(now, reported, entry, remaining, window_limit, minute_left_s)
         # (A hair after the turn, so a boundary's float rounding never counts it as before.)

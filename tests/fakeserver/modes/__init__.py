@@ -28,6 +28,7 @@ from .base import (
     groq_duration,
     openai_duration,
 )
+from .gateways import ExpressDraftHeaders, KongGateway
 from .providers import (
     AnthropicBuckets,
     AzureWindows,
@@ -47,9 +48,11 @@ __all__ = [
     "Bucket",
     "CalendarWindow",
     "Cost",
+    "ExpressDraftHeaders",
     "FlexCapacity",
     "GroqDaily",
     "Headerless",
+    "KongGateway",
     "LiteLLMRouter",
     "Mode",
     "OpenAIBucket",
