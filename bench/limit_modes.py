@@ -9,7 +9,9 @@ headers, another client on the key), runs ``aiq run`` against it as a subprocess
 - **least s**: the least time the mode allows from the first request to the last, found by
   replaying the same number of requests against a fresh copy of the mode on a fake clock that
   starts where aiq's first request arrived (so calendar windows fall alike), each sent the
-  moment the mode admits it; for a server with ``slots``, no less than the slots' queue needs.
+  moment the mode admits it (a try it refuses is not counted: the ideal client would not
+  have sent it, and Kong counts refused ones); for a server with ``slots``, no less than the
+  slots' queue needs.
 - **efficiency**: (least s + one latency) / wall, where wall runs from the first request's
   arrival to the last reply (interpreter start and export are outside it). A run not done by
   ``--timeout`` is killed; its efficiency is then at most the figure shown (``<=``).
@@ -37,6 +39,7 @@ the suffix hold more jobs than the burst, so the limit's own pace is what they m
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -133,6 +136,19 @@ def _rows() -> dict[str, Row]:
     pair("g-other-client", "OpenAI bucket 600 rpm, another client at 300 rpm for 30 s", 800,
          lambda t0: fl.OtherClient(fl.OpenAIBucket(rpm=600), rpm=300, start_at=t0,
                                    stop_at=t0 + 30), ("--rpm", "600"))  # fmt: skip
+    # Gateways' own headers (tests/fakeserver/modes/gateways.py): Kong's windows are aligned
+    # to the epoch, whole-second resets; express-rate-limit's start with its store (here 50 s
+    # before the run, so the first window turns 10 s in).
+    pair("h-kong", "Kong 600 per calendar minute, X-RateLimit-*-Minute", 700,
+         lambda t0: fl.KongGateway(rpm=600), ("--rpm", "600"))  # fmt: skip
+    pair("h-kong-second", "Kong 1,200 rpm as 20 per 1 s window, reset always 1", 800,
+         lambda t0: fl.KongGateway(rpm=1200, window_s=1), ("--rpm", "1200"))  # fmt: skip
+    pair("h-kong-sliding", "Kong 600 per sliding minute", 700,
+         lambda t0: fl.KongGateway(rpm=600, window_type="sliding"), ("--rpm", "600"))  # fmt: skip
+    for draft in (6, 8):
+        pair(f"h-express-draft{draft}", f"express-rate-limit 600 a minute, draft-{draft}", 700,
+             partial(lambda t0, d: fl.ExpressDraftHeaders(rpm=600, draft=d, start=t0 - 50),
+                     d=draft), ("--rpm", "600"))  # fmt: skip
     for name in ("g-other-client-configured", "g-other-client-learned"):
         # No one rate; the least leaves the other client its share.
         yielded = partial(yielding_s, rpm=600, other_rpm=300, other_s=30)
@@ -193,10 +209,11 @@ def least_s(row: Row, t0: float, start: float) -> float:
     mode, now, sent, last = row.mode(t0), start, 0, start
     cost = fl.Cost(tokens=20, input_tokens=20)
     while sent < row.jobs:
+        before = copy.deepcopy(mode)  # (a refused request counts at some gateways: Kong's)
         if mode.admit(now, cost) is None:
             sent, last = sent + 1, now
         else:
-            now += STEP_S
+            mode, now = before, now + STEP_S
     least = last - start
     if mode.slots:
         least = max(least, (math.ceil(row.jobs / mode.slots) - 1) * row.latency_s)

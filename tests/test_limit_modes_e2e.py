@@ -375,7 +375,7 @@ CASES: dict[str, Case] = {
     # 150 at once, 50 at the turn. Its resets are whole seconds, so the turn is taken up to
     # a second late (a cost a run two seconds long would weigh at 0.74). Per second: 100 a
     # second, 300 jobs.
-    "h-kong": _windows(lambda: fl.KongGateway(rpm=150), 200, 150, 150, 60, lead_s=5.0),
+    "h-kong": _windows(lambda: fl.KongGateway(rpm=150), 200, 150, 150, 60, lead_s=2.0),
     "h-kong-second": _windows(
         lambda: fl.KongGateway(rpm=6000, window_s=1), 600, 6000, 100, 1, lead_s=0.5
     ),

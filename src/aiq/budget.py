@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from .booking_log import Booking, BookingLog
+from .reset_turn import ResetTurn
 from .window_sync import (
     CALENDAR_MARGIN_S,
     EPSILON_S,
@@ -105,6 +106,8 @@ class Budget(WindowSync):
         self._peak = 0.0  # the most any sample said was left: what a window lets go at once
         self._rebook_check_at = -math.inf
         self._anchor_at = -math.inf  # a turn a 429 named, for a window that shows no reset
+        self._reset_turn = ResetTurn()  # a window's turn, pinned from its samples' resets
+        self._woken_until = math.inf  # ...when senders last booked again for it
         # A calendar minute's turn, its first request sent past it while out (let_in_turn),
         # and the last turn so looked at (one look a turn).
         self._turn_at, self._looked_at = math.inf, -math.inf

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .booking_log import Booking, BookingLog
 from .ratelimit_headers import Window
+from .reset_turn import ResetTurn
 
 WINDOW_S = 60.0
 # A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
@@ -127,6 +128,8 @@ class WindowSync:
     _rebook_check_at: float
     _anchor_at: float
     _turn_at: float
+    _reset_turn: ResetTurn
+    _woken_until: float
 
     if TYPE_CHECKING:
 
@@ -186,7 +189,9 @@ class WindowSync:
         named = reported.span_s is not None and reported.span_s <= WINDOW_S
         short = reset is None or named or _short(remaining, reset, window_limit)
         self.burst = own and not self.burst_off and short
-        turn_s = self._turn_in_s(now, reported, entry, remaining, window_limit, minute_left_s)
+        turn_s = self._turn_in_s(
+            now, reported, entry, remaining, window_limit, minute_left_s, refused
+        )
         # (A hair after the turn, so a boundary's float rounding never counts it as before.)
         return self._sync_window(now, remaining, now + EPSILON_S + turn_s, entry) or rebook
 
@@ -203,16 +208,20 @@ class WindowSync:
         remaining: float,
         window_limit: float,
         minute_left_s: float,
+        refused: bool,
     ) -> float:
-        """Seconds to the turn of a window that is no bucket: its reset; a calendar minute's
-        TURN_MARGIN_S after the clock's; one showing neither reset nor limit, as
+        """Seconds to the turn of a window that is no bucket: its reset (as
+        :class:`~aiq.reset_turn.ResetTurn` pins it from this and earlier samples); a calendar
+        minute's TURN_MARGIN_S after the clock's; one showing neither reset nor limit, as
         :meth:`_turn_s` finds it."""
         if self._shows_calendar(reported):
             return minute_left_s + TURN_MARGIN_S
-        if reported.reset_s is not None:
-            return reported.reset_s
-        self.resetless = True
         sent_at = entry.at if entry is not None else now  # (its reply is a latency old)
+        if reported.reset_s is not None:
+            if refused:
+                self._reset_turn.refused(sent_at)
+            return self._reset_turn.turn_at(sent_at, now, reported.reset_s) - now
+        self.resetless = True
         minute_s = minute_left_s + CALENDAR_MARGIN_S
         return self._turn_s(now, sent_at, remaining, window_limit, minute_s)
 
@@ -366,8 +375,12 @@ class WindowSync:
         # replies comes at once, and the first of them may show none where a later one does.
         log = self._log
         room = self.burst and log.last_at > now and remaining - unseen + log.ahead(now) >= 1
-        if room and now >= self._rebook_check_at:
-            self._rebook_check_at = now + REBOOK_EVERY_S
+        # The turn pinned sooner than the last sample said (aiq.reset_turn): senders waiting
+        # for the later one look again (each express-rate-limit window's turn went 0.6 s
+        # late, its first request held to the first reply's reset).
+        sooner = until < self._woken_until - REBOOK_EVERY_S
+        if (room or sooner) and now >= self._rebook_check_at:
+            self._rebook_check_at, self._woken_until = now + REBOOK_EVERY_S, until
             rebook = True  # slots booked ahead at the pace may go now
             self.drop_ahead(now)
             unseen = self._unseen(now, entry)
