@@ -1,10 +1,10 @@
 """A request limit learned from 429s, for a server that reports none.
 
 Most gateways and self-hosted servers send no rate-limit headers (PROVIDERS.md): the first
-429 is all a client learns. What got through before five 429s in a row is the server's limit
-(less any other client's share), and its window is the one the 429 names. So from then on
-aiq sends that many per window, each window's at its start, and none over: a fixed window's
-count is met with no further 429.
+429 is all a client learns. What got through before five 429s in a row (aiq.refusal_row: when
+a row shows a limit) is the server's limit (less any other client's share), and its window is
+the one the 429 names. So from then on aiq sends that many per window, each window's at its
+start, and none over: a fixed window's count is met with no further 429.
 
 - **A ``retry-after``** says when the window turns (LiteLLM's parallel limiter: the seconds
   to the next minute); the next window's count goes then.
@@ -32,20 +32,14 @@ from collections import deque
 
 from .booking_log import Booking
 from .budget import Budget
+from .refusal_row import RefusalRow
 
 SPAN_S = 60.0  # servers that report nothing still count per minute (LiteLLM's rpm)
-_LATENCIES = 32  # successes whose latencies say how long a row of 429s must stand
 # Senders held while a probe is out look again this often (its answer wakes them sooner).
 PROBE_WAIT_S = 5.0
 # Paced (no fixed windows), the pace is raised by a fifth after this long with no 429 while
 # it holds the run back: a bucket refills faster than a burst into it showed.
 RAISE_EVERY_S = 10.0
-# 429s in a row that show a limit: no request sent after the first of them got through (one
-# sent before it may still come back: it was counted before the limit was met). A 429 now
-# and then is a busy server's (the simulated provider's 5%), not a window's count, and the
-# next request sent gets through: it must not become one (five in a row of a random 5%: one
-# in three million requests).
-IN_A_ROW = 5
 # How late a window's turn may be taken (a guess's margin, a retry-after in whole seconds).
 LATE_S = 1.0
 # A window guessed at is tried this long after the 429 before its guessed turn: a server
@@ -76,16 +70,13 @@ class RefusalLimit:
         self._probes = 0  # refused since the 429 that began guessing
         self.paced: Budget | None = None  # a server whose windows are not fixed: the pace
         self._raised_at = -math.inf  # paced: the last 429 or raise
-        self._in_a_row = 0  # 429s since a request sent after the first of them got through
-        self._row_from = -math.inf  # when the first of them was sent
-        self._latest_through = -math.inf  # the send time of the latest sent that got through
+        self._row = RefusalRow()  # the 429s in a row, and whether they show a limit yet
         self.full_known = False  # its 429s say it is full (a parallel limit): see ``full``
-        # The latest successes' latencies: a row of 429s shows a limit only once it has stood
-        # that long, time enough for a request sent after its first to have got through.
-        self._latencies: deque[float] = deque(maxlen=_LATENCIES)
-        # A row of 429s long enough that has not stood that long yet: (when its last 429
-        # came, the window end it named, exact, bound).
-        self.pending: tuple[float, float, bool, bool] | None = None
+
+    @property
+    def pending(self) -> tuple[float, float, bool, bool] | None:
+        """A row of 429s long enough that has not stood yet (:meth:`confirm`)."""
+        return self._row.pending
 
     @property
     def per_minute(self) -> float | None:
@@ -121,10 +112,7 @@ class RefusalLimit:
         so the window allows it too; one sent unbooked after it counts where it went."""
         if booking is not None and booking.mark == _SENT:
             self._out.discard(booking)
-        if sent_at >= self._row_from:
-            self._in_a_row, self.pending = 0, None
-        self._latest_through = max(self._latest_through, sent_at)
-        self._latencies.append(now - sent_at)
+        self._row.through(sent_at, now)
         through = self._through
         through.append(sent_at)
         while through[0] < now - 2 * SPAN_S:  # (answers come back nearly in send order)
@@ -181,16 +169,15 @@ class RefusalLimit:
         if self.full_known:
             return  # a full server's 429: no window to learn (a row forms as it fills)
         start = now if sent_at is None else sent_at
-        self._add_to_row(start)
+        row = self._row
+        row.refused(start)
         told = met is not None
         if self.limit is None and not told and not exact:
             self._look(now, start, window_end)
-        if self.limit is None and not met and (told or self._in_a_row < IN_A_ROW):
+        if self.limit is None and not met and (told or not row.long):
             return  # not yet a limit's, or not the configured one's window
-        if self.limit is None and not met and now - self._row_from < self._slowest_s():
-            # A 429 comes back sooner than a reply: those sent after the first may yet get
-            # through (a busy server's few at random, with hundreds in flight).
-            self.pending = (now, window_end, exact, bound)
+        if self.limit is None and not met and not row.stood(now):
+            row.pending = (now, window_end, exact, bound)  # (to learn from once it has)
             return
         if self.paced is not None:
             self._lower(now)
@@ -204,18 +191,6 @@ class RefusalLimit:
             self._refused_after_turn(now)
         else:
             self._learn(now, window_end, exact=exact, bound=bound)
-
-    def _add_to_row(self, start: float) -> None:
-        """One more 429 in the row, to a request sent at ``start``."""
-        if self._in_a_row and start < self._row_from:
-            # The row began before its first answer said; one sent since that got through
-            # breaks it (a busy server's few at random, answered out of order).
-            self._row_from = start
-            if self._latest_through >= start:
-                self._in_a_row = 0
-        if not self._in_a_row:
-            self._row_from = start
-        self._in_a_row += 1
 
     def _look(self, now: float, sent_at: float, window_end: float) -> None:
         """A 429 naming no turn, with no limit known: too few yet to tell a window's from a
@@ -239,14 +214,12 @@ class RefusalLimit:
         """A row of 429s put off (:attr:`pending`) that has stood a latency with none of the
         requests sent after its first getting through is a limit: learned as its last 429
         would have taught it, from the window that 429 named. True if it was."""
-        if self.pending is None or now - self._row_from < self._slowest_s():
+        row = self._row
+        if row.pending is None or not row.stood(now):
             return False
-        (at, window_end, exact, bound), self.pending = self.pending, None
+        (at, window_end, exact, bound), row.pending = row.pending, None
         self._learn(at, window_end, exact=exact, bound=bound)
         return self.limit is not None
-
-    def _slowest_s(self) -> float:
-        return max(self._latencies, default=0.0)
 
     def _probe_refused(self, now: float, window_end: float) -> None:
         """The probe refused: the next twice as long after, or at the guessed turn, or past
@@ -291,7 +264,7 @@ class RefusalLimit:
             got = self.limit  # a probe refused: the window had not turned
         looked = self.limit is None and not self._confirmed  # (looks went before: see _look)
         self.limit, self._learned = got, (start, window_end)
-        self._refused_from = self._row_from
+        self._refused_from = self._row.from_at
         self._start_windows(window_end, got)
         self._count_out(window_end)
         self._confirmed = exact
@@ -349,7 +322,7 @@ class RefusalLimit:
             not self.full_known
             and self.limit is None
             and self.paced is None
-            and self._latest_through > -math.inf
+            and self._row.latest_through > -math.inf
         )
 
     @property
