@@ -1,10 +1,11 @@
 """Benchmark: how close does ``aiq run`` come to the least time each way of counting allows?
 
 For each row it starts ``tests/fakeserver``'s ``FakeServer`` in a thread of this process with
-a rate-limit mode of ``tests/fakeserver/modes`` (OpenAI's bucket, per-second enforcement, LiteLLM's
-and Azure's calendar windows, Groq's per-day header, Anthropic's buckets, a server with no
-headers, another client on the key), runs ``aiq run`` against it as a subprocess, told the limit
-(``configured``) or not (``learned``), and reads the server's log afterwards.
+a rate-limit mode of ``tests/fakeserver/modes`` (OpenAI's bucket, per-second enforcement,
+LiteLLM's and Azure's calendar windows, Groq's per-day header, Anthropic's buckets, a server
+with no headers, another client on the key, gateways' own headers: Kong's, express-rate-
+limit's), runs ``aiq run`` against it as a subprocess, told the limit (``configured``) or not
+(``learned``), and reads the server's log afterwards.
 
 - **least s**: the least time the mode allows from the first request to the last, found by
   replaying the same number of requests against a fresh copy of the mode on a fake clock that
