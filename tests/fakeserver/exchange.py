@@ -97,3 +97,4 @@ class _Exchange:
     anthropic: bool = False  # a Messages API request: checked and answered Anthropic's way
     admitted_at: float | None = None
     cost: Cost | None = None  # what a limit mode admitted it at
+    limit_headers: dict[str, str] | None = None  # a mode's headers as of its arrival

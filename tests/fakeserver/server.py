@@ -298,6 +298,8 @@ class FakeServer:
                     ex.fault = "rate_limit"
                     return self._reply(ex, 429, no.payload, no.headers)
                 ex.admitted_at, ex.cost = now, cost
+                if mode.reports_at_arrival:
+                    ex.limit_headers = mode.headers(now)
             elif self.rpm is not None or self.tpm is not None:
                 verdict = self._limiter.judge(
                     ex.received,
@@ -402,7 +404,7 @@ class FakeServer:
         if extra_headers:
             headers.update(extra_headers)
         if self.limit_mode is not None:
-            headers.update(self.limit_mode.headers(self.limit_clock()))
+            headers.update(ex.limit_headers or self.limit_mode.headers(self.limit_clock()))
         elif self.rpm is not None or self.tpm is not None:
             now = time.monotonic()
             if ex.anthropic:

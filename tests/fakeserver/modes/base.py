@@ -39,6 +39,9 @@ class Mode:
     """The interface the server calls. ``slots``: requests served at once (the rest queue)."""
 
     slots: int | None = None
+    # The headers are the count as the request arrived (a gateway's plugin sets them as it
+    # lets the request through), not as its reply leaves.
+    reports_at_arrival = False
 
     def admit(self, now: float, cost: Cost) -> Refused | None:
         """Count a request arriving at ``now`` and return None, or refuse it uncounted."""

@@ -31,8 +31,13 @@ class KongGateway(Mode):
     the header names, ``reset = max(1.0, window - (now - window_start))`` with ``now =
     ngx.time()``, ``RATELIMIT_RETRY_AFTER``), its ``human_window_size_lookup``, and
     ``kong/tools/public/rate-limiting`` ``sliding_window`` (previous count times the share
-    of the window not yet elapsed, plus the current count).
+    of the window not yet elapsed, plus the current count). The headers are computed in the
+    ``access`` phase, as the request arrives (the open-source ``rate-limiting`` plugin's
+    ``handler.lua`` the same: ``access`` keeps them in ``kong.ctx.plugin.headers``, and
+    ``header_filter`` sets them on the upstream's reply).
     """
+
+    reports_at_arrival = True
 
     def __init__(self, *, rpm: int, window_s: int = 60, window_type: str = "fixed") -> None:
         self.window_s, self.sliding = window_s, window_type == "sliding"
@@ -94,8 +99,12 @@ class ExpressDraftHeaders(Mode):
     Source: express-rate-limit ``source/headers.ts`` (``setDraft6Headers``,
     ``setDraft7Headers``, ``setDraft8Headers``, ``setRetryAfterHeader``, ``Math.ceil`` of the
     reset) and ``source/memory-store.ts`` (one interval resetting every key; its windows
-    start when the store is made: here at ``start``).
+    start when the store is made: here at ``start``). The middleware sets its headers as it
+    counts the request (``source/rate-limit.ts``, before ``next()``), so they are the count
+    as the request arrived.
     """
+
+    reports_at_arrival = True
 
     def __init__(self, *, rpm: int, window_s: int = 60, draft: int = 6, start: float = 0.0) -> None:
         self.limit = max(1, round(rpm * window_s / 60))
