@@ -161,3 +161,20 @@ def test_a_server_writing_its_count_as_the_reply_leaves_costs_a_429_and_nothing_
     after = windows[windows.index(over[-1]) + 1 : -1]
     assert after and all(server.counts[k] <= 20 for k in after)
     assert sum(server.counts[k] for k in after) >= 19 * len(after)
+
+
+def test_a_bucket_whose_reset_had_a_fraction_is_never_read_for_a_phase() -> None:
+    """A bucket refilled continuously (per-second enforcement reported OpenAI's way) says
+    ``1s`` or ``0s`` at times: whole, but no window's turn. Once a reset had a fraction, the
+    last request left goes at once (not held back to look for a turn)."""
+    for first_reset, held in ((0.35, False), (1.0, True)):
+        budget = Budget(1200, configured=False, outside=True)
+        entry = budget.book(0.0, 1)
+        budget.close(entry, 0.2)
+        budget.sync(0.2, Window(1200, 19, first_reset, span_s=1), entry, minute_left_s=59.8)
+        for e in [budget.book(0.2 + i * 0.001, 1) for i in range(17)]:
+            budget.close(e, 0.4)
+        last = budget.book(0.25, 1)
+        budget.close(last, 0.45)
+        budget.sync(0.45, Window(1200, 1, 1, span_s=1), last, minute_left_s=59.55)
+        assert (budget.ready_at(0.46, 1) > 0.46) is held, first_reset

@@ -113,6 +113,7 @@ class Budget(WindowSync):
         # last request it has left goes to find it (aiq.count_phase).
         self._phase: CountPhase | None = None
         self._probe_at = -math.inf
+        self._fractions = False  # a reset with a fraction seen: no count phase (its docstring)
         # A calendar minute's turn, its first request sent past it while out (let_in_turn),
         # and the last turn so looked at (one look a turn).
         self._turn_at, self._looked_at = math.inf, -math.inf

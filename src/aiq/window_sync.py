@@ -133,6 +133,7 @@ class WindowSync:
     _woken_until: float
     _phase: CountPhase | None
     _probe_at: float
+    _fractions: bool
 
     if TYPE_CHECKING:
 
@@ -241,10 +242,13 @@ class WindowSync:
         """A window of a second whose resets are whole seconds (Kong's ``-Second``: always
         1) turns as its counts show (:class:`~aiq.count_phase.CountPhase`), if sooner than
         ``turn_at``; while that is unsure, the last request it has left looks for the turn
-        (``_probe_at``). Requests only: a token booking is an estimate."""
+        (``_probe_at``). Requests only: a token booking is an estimate. Not once a reset had
+        a fraction: a bucket refilled continuously (its ``0s`` or ``1s`` are whole too) has
+        no turn, and its count goes up between any two samples."""
         reset_s = float(reported.reset_s or 0.0)
+        self._fractions = self._fractions or not reset_s.is_integer()
         period_s = reported.span_s or self._reset_turn.longest_s
-        whole = reset_s.is_integer() and period_s <= WHOLE_S
+        whole = not self._fractions and period_s <= WHOLE_S
         if not (whole and self._outside.learns and entry is not None):
             return turn_at
         phase = self._phase
