@@ -170,6 +170,16 @@ class BookingLog:
         """What is booked from ``start`` to ``end`` (given back: none)."""
         return sum(e.cost for e in self._entries if start <= e.at <= end)
 
+    def recent_between(self, start: float, end: float) -> float:
+        """What is booked from ``start`` to ``end``, a recent span (walked from the newest)."""
+        total = 0.0
+        for e in reversed(self._entries):
+            if e.at < start:
+                break
+            if e.at <= end:
+                total += e.cost
+        return total
+
     def adjust(self, entry: Booking, cost: float) -> None:
         """``entry`` really cost ``cost`` (0: given back)."""
         if entry.at > self.horizon:  # still in the log

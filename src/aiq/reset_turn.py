@@ -57,6 +57,11 @@ class ResetTurn:
             self.lo, self.hi = lo, hi
         return self.hi
 
+    @property
+    def longest_s(self) -> float:
+        """The longest reset seen: the window is no shorter."""
+        return self._longest
+
     def refused(self, sent_at: float) -> None:
         """A 429 to a request sent at ``sent_at``: sent within a second after a turn pinned
         from whole-second resets, it says the server's window had not turned. Its resets are

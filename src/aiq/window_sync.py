@@ -14,8 +14,9 @@ import math
 from typing import TYPE_CHECKING
 
 from .booking_log import Booking, BookingLog
+from .count_phase import CountPhase
 from .ratelimit_headers import Window
-from .reset_turn import ResetTurn
+from .reset_turn import WHOLE_S, ResetTurn
 
 WINDOW_S = 60.0
 # A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
@@ -130,6 +131,9 @@ class WindowSync:
     _turn_at: float
     _reset_turn: ResetTurn
     _woken_until: float
+    _phase: CountPhase | None
+    _probe_at: float
+    _fractions: bool
 
     if TYPE_CHECKING:
 
@@ -220,10 +224,46 @@ class WindowSync:
         if reported.reset_s is not None:
             if refused:
                 self._reset_turn.refused(sent_at)
-            return self._reset_turn.turn_at(sent_at, now, reported.reset_s) - now
+            turn_at = self._reset_turn.turn_at(sent_at, now, reported.reset_s)
+            return self._counted_turn(now, entry, reported, remaining, refused, turn_at) - now
         self.resetless = True
         minute_s = minute_left_s + CALENDAR_MARGIN_S
         return self._turn_s(now, sent_at, remaining, window_limit, minute_s)
+
+    def _counted_turn(
+        self,
+        now: float,
+        entry: Booking | None,
+        reported: Window,
+        remaining: float,
+        refused: bool,
+        turn_at: float,
+    ) -> float:
+        """A window of a second whose resets are whole seconds (Kong's ``-Second``: always
+        1) turns as its counts show (:class:`~aiq.count_phase.CountPhase`), if sooner than
+        ``turn_at``; while that is unsure, the last request it has left looks for the turn
+        (``_probe_at``). Requests only: a token booking is an estimate. Not once a reset had
+        a fraction: a bucket refilled continuously (its ``0s`` or ``1s`` are whole too) has
+        no turn, and its count goes up between any two samples."""
+        reset_s = float(reported.reset_s or 0.0)
+        self._fractions = self._fractions or not reset_s.is_integer()
+        period_s = reported.span_s or self._reset_turn.longest_s
+        whole = not self._fractions and period_s <= WHOLE_S
+        if not (whole and self._outside.learns and entry is not None):
+            return turn_at
+        phase = self._phase
+        if phase is None or phase.period_s != period_s:
+            phase = self._phase = CountPhase(period_s)
+        if refused:
+            phase.refused()
+            return turn_at
+        count_limit = float(reported.limit or self.per_minute) * period_s / WINDOW_S
+        phase.sample(entry.at, now, remaining, count_limit, self._log.recent_between)
+        end = phase.end_of(entry.at)
+        if end is not None:
+            turn_at = min(turn_at, end)
+        self._probe_at = phase.probe_before(turn_at)
+        return turn_at
 
     def _turn_s(
         self, now: float, sent_at: float, remaining: float, window_limit: float, minute_s: float
@@ -281,6 +321,7 @@ class WindowSync:
         self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
+        self._probe_at = -math.inf
         return own
 
     def _shows_bucket(self, remaining: float, reset: float | None, limit: float) -> bool:
