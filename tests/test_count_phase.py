@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from aiq.booking_log import Booking
 from aiq.budget import Budget
-from aiq.count_phase import PRECISE, CountPhase
+from aiq.count_phase import PRECISE, REFUSALS, CountPhase
 from aiq.ratelimit_headers import Window
 
 
@@ -150,12 +150,13 @@ def test_a_budget_sends_each_window_whole_at_its_turn() -> None:
     assert max(late) <= 0.015, late
 
 
-def test_a_server_writing_its_count_as_the_reply_leaves_costs_a_429_and_nothing_more() -> None:
-    """Headers written a latency after the count (the phase found a latency early): the
-    first request sent at a turn so found is refused, and the turns are the resets' again
+def test_a_server_writing_its_count_as_the_reply_leaves_costs_a_few_429s_and_no_more() -> None:
+    """Headers written a latency after the count (the phase found a latency early): a
+    request sent at a turn so found is refused, at most REFUSALS times, and the turns are the
+    resets' again
     (no window after it over its 20, and 19 a window at least on the whole)."""
     server, refused = run_budget(jobs=600, phase=0.613, at_arrival=False)
-    assert 1 <= refused <= 3
+    assert 1 <= refused <= REFUSALS
     windows = sorted(server.counts)
     over = [k for k in windows if server.counts[k] > 20]
     after = windows[windows.index(over[-1]) + 1 : -1]

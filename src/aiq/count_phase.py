@@ -35,17 +35,19 @@ PRECISE = 0.01
 # connection, the event loop's own lateness).
 REORDER_S = 0.005
 _SAMPLES = 64  # recent samples kept to find one answered before a request went
+REFUSALS = 3  # 429s after a phase was taken that end it for the run
 
 
 class CountPhase:
     """The turns of a window of ``period_s`` seconds: one in ``(lo, hi]`` on our clock of sends,
     the rest whole periods apart (``lo`` None until a pair of samples says)."""
 
-    __slots__ = ("_samples", "hi", "lo", "off", "period_s")
+    __slots__ = ("_refusals", "_samples", "hi", "lo", "off", "period_s")
 
     def __init__(self, period_s: float) -> None:
         self.period_s = period_s
-        self.off = False  # a 429 since a phase was taken: not this server's way of counting
+        self.off = False  # REFUSALS 429s since phases were taken: not this server's way
+        self._refusals = 0
         self.lo: float | None = None
         self.hi = math.inf
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=_SAMPLES)
@@ -121,6 +123,9 @@ class CountPhase:
         return turn_at - width / 2
 
     def refused(self) -> None:
-        """A 429: once a phase was taken, it was wrong (see the module's docstring)."""
+        """A 429: once a phase was taken, it was wrong; forgotten, and after REFUSALS, not
+        this server's way (the module's docstring)."""
         if self.end_of(0.0) is not None:
-            self.off = True
+            self.lo, self.hi = None, math.inf
+            self._refusals += 1
+            self.off = self._refusals >= REFUSALS
