@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from .booking_log import Booking, BookingLog
-from .count_phase import CountPhase
+from .count_phase import CountedTurns
 from .reset_turn import ResetTurn
 from .window_sync import (
     CALENDAR_MARGIN_S,
@@ -109,11 +109,7 @@ class Budget(WindowSync):
         self._anchor_at = -math.inf  # a turn a 429 named, for a window that shows no reset
         self._reset_turn = ResetTurn()  # a window's turn, pinned from its samples' resets
         self._woken_until = math.inf  # ...when senders last booked again for it
-        # A second's window with whole-second resets: its turn from its counts, and when the
-        # last request it has left goes to find it (aiq.count_phase).
-        self._phase: CountPhase | None = None
-        self._probe_at = -math.inf
-        self._fractions = False  # a reset with a fraction seen: no count phase (its docstring)
+        self._counted = CountedTurns()  # a second's window: its turn from its counts
         # A calendar minute's turn, its first request sent past it while out (let_in_turn),
         # and the last turn so looked at (one look a turn).
         self._turn_at, self._looked_at = math.inf, -math.inf
@@ -170,8 +166,9 @@ class Budget(WindowSync):
         if at < self._cap_until:
             if cost <= self._cap_left:
                 if self.burst:  # the provider says it is left: it may go now
-                    if self._cap_left - cost < 1 and at < self._probe_at:
-                        return self._probe_at  # (its last looks for the turn)
+                    probe_at = self._counted.probe_at
+                    if self._cap_left - cost < 1 and at < probe_at:
+                        return probe_at  # (its last looks for the turn)
                     return at
             else:
                 at = self._cap_until

@@ -28,6 +28,8 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from .reset_turn import WHOLE_S
+
 # The phase is known once its interval is this share of the period: no more requests are held
 # back to narrow it (each costs up to a slot; a turn taken this late costs as much of the window).
 PRECISE = 0.01
@@ -129,3 +131,51 @@ class CountPhase:
             self.lo, self.hi = None, math.inf
             self._refusals += 1
             self.off = self._refusals >= REFUSALS
+
+
+class CountedTurns:
+    """A budget's use of :class:`CountPhase`: for a window of a second whose resets are whole
+    seconds (Kong's ``-Second``: always 1), and not once a reset had a fraction (a bucket
+    refilled continuously says ``0s`` or ``1s`` at times, whole too, but has no turn and its
+    count goes up between any two samples). ``probe_at``: when the last request the sampled
+    window has left goes to look for the turn (-inf: at once)."""
+
+    __slots__ = ("_fractions", "_phase", "probe_at")
+
+    def __init__(self) -> None:
+        self._phase: CountPhase | None = None
+        self._fractions = False
+        self.probe_at = -math.inf
+
+    def turn_at(
+        self,
+        turn_at: float,
+        *,
+        sent_at: float,
+        now: float,
+        reset_s: float,
+        period_s: float,
+        remaining: float,
+        count_limit: float,
+        refused: bool,
+        sent_between: Callable[[float, float], float],
+    ) -> float:
+        """The turn of the window a request sent at ``sent_at`` counts in: ``turn_at`` (its
+        resets'), or sooner where its counts say (its reply: ``remaining`` of ``count_limit``
+        a window of ``period_s``; ``refused``, a 429)."""
+        self.probe_at = -math.inf
+        self._fractions = self._fractions or not float(reset_s).is_integer()
+        if self._fractions or period_s > WHOLE_S:
+            return turn_at
+        phase = self._phase
+        if phase is None or phase.period_s != period_s:
+            phase = self._phase = CountPhase(period_s)
+        if refused:
+            phase.refused()
+            return turn_at
+        phase.sample(sent_at, now, remaining, count_limit, sent_between)
+        end = phase.end_of(sent_at)
+        if end is not None:
+            turn_at = min(turn_at, end)
+        self.probe_at = phase.probe_before(turn_at)
+        return turn_at

@@ -14,9 +14,9 @@ import math
 from typing import TYPE_CHECKING
 
 from .booking_log import Booking, BookingLog
-from .count_phase import CountPhase
+from .count_phase import CountedTurns
 from .ratelimit_headers import Window
-from .reset_turn import WHOLE_S, ResetTurn
+from .reset_turn import ResetTurn
 
 WINDOW_S = 60.0
 # A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
@@ -131,9 +131,7 @@ class WindowSync:
     _turn_at: float
     _reset_turn: ResetTurn
     _woken_until: float
-    _phase: CountPhase | None
-    _probe_at: float
-    _fractions: bool
+    _counted: CountedTurns
 
     if TYPE_CHECKING:
 
@@ -239,31 +237,23 @@ class WindowSync:
         refused: bool,
         turn_at: float,
     ) -> float:
-        """A window of a second whose resets are whole seconds (Kong's ``-Second``: always
-        1) turns as its counts show (:class:`~aiq.count_phase.CountPhase`), if sooner than
-        ``turn_at``; while that is unsure, the last request it has left looks for the turn
-        (``_probe_at``). Requests only: a token booking is an estimate. Not once a reset had
-        a fraction: a bucket refilled continuously (its ``0s`` or ``1s`` are whole too) has
-        no turn, and its count goes up between any two samples."""
-        reset_s = float(reported.reset_s or 0.0)
-        self._fractions = self._fractions or not reset_s.is_integer()
+        """``turn_at``, or sooner where a second's window's counts say
+        (:class:`~aiq.count_phase.CountedTurns`). Requests only: a token booking is an
+        estimate."""
+        if not (self._outside.learns and entry is not None):
+            return turn_at
         period_s = reported.span_s or self._reset_turn.longest_s
-        whole = not self._fractions and period_s <= WHOLE_S
-        if not (whole and self._outside.learns and entry is not None):
-            return turn_at
-        phase = self._phase
-        if phase is None or phase.period_s != period_s:
-            phase = self._phase = CountPhase(period_s)
-        if refused:
-            phase.refused()
-            return turn_at
-        count_limit = float(reported.limit or self.per_minute) * period_s / WINDOW_S
-        phase.sample(entry.at, now, remaining, count_limit, self._log.recent_between)
-        end = phase.end_of(entry.at)
-        if end is not None:
-            turn_at = min(turn_at, end)
-        self._probe_at = phase.probe_before(turn_at)
-        return turn_at
+        return self._counted.turn_at(
+            turn_at,
+            sent_at=entry.at,
+            now=now,
+            reset_s=float(reported.reset_s or 0.0),
+            period_s=period_s,
+            remaining=remaining,
+            count_limit=float(reported.limit or self.per_minute) * period_s / WINDOW_S,
+            refused=refused,
+            sent_between=self._log.recent_between,
+        )
 
     def _turn_s(
         self, now: float, sent_at: float, remaining: float, window_limit: float, minute_s: float
@@ -321,7 +311,7 @@ class WindowSync:
         self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
-        self._probe_at = -math.inf
+        self._counted.probe_at = -math.inf
         return own
 
     def _shows_bucket(self, remaining: float, reset: float | None, limit: float) -> bool:
