@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from aiq.booking_log import Booking
 from aiq.budget import Budget
-from aiq.count_phase import PRECISE, REFUSALS, CountPhase
+from aiq.count_phase import JITTER_S, PRECISE, REFUSALS, CountPhase
 from aiq.ratelimit_headers import Window
 
 
@@ -110,11 +110,14 @@ def test_held_back_requests_narrow_the_turn_to_a_hundredth_of_the_window() -> No
     assert counting.lo < 0.37 + k <= counting.hi
 
 
-def run_budget(*, jobs: int, phase: float, at_arrival: bool) -> tuple[SecondWindows, int]:
+def run_budget(
+    *, jobs: int, phase: float, at_arrival: bool, held_up: int = 0, delay: float = 0.0
+) -> tuple[SecondWindows, int]:
     """A Budget told nothing sends ``jobs`` requests to Kong's 1,200 a minute as 20 a second
     (reset always 1, 0.2 s latency), asking when each may go; the server and how many it
     refused. ``at_arrival``: the headers are the count as the request arrived (Kong's), else
-    as its reply left (written a latency later)."""
+    as its reply left (written a latency later). The ``held_up``-th request (from 1) reaches
+    the server ``delay`` late."""
     budget = Budget(1200, configured=False, outside=True)  # (as a learned request limit)
     server = SecondWindows(20, phase)
     latency, now, sent, refused = 0.2, 0.0, 0, 0
@@ -123,8 +126,9 @@ def run_budget(*, jobs: int, phase: float, at_arrival: bool) -> tuple[SecondWind
         at = budget.ready_at(now, 1) if sent < jobs else math.inf
         if at < math.inf and (not replies or at <= replies[0][0]):
             now, entry, sent = at, budget.book(at, 1), sent + 1
-            left = server.arrive(at)
-            done = at if left < 0 else at + latency  # (a gateway refuses at its door)
+            arrived = at + (delay if sent == held_up else 0.0)
+            left = server.arrive(arrived)
+            done = arrived if left < 0 else arrived + latency  # (a gateway refuses at its door)
             heapq.heappush(replies, (done, sent, entry, left))
             continue
         now, _, entry, left = heapq.heappop(replies)
@@ -140,14 +144,27 @@ def run_budget(*, jobs: int, phase: float, at_arrival: bool) -> tuple[SecondWind
 
 def test_a_budget_sends_each_window_whole_at_its_turn() -> None:
     """Told nothing, Kong's second: after the windows it takes to find the phase, every
-    window holds its 20, the first sent within 15 ms of its turn; none refused."""
+    window holds its 20, the first sent within 15 ms of its turn (and the jitter's margin
+    after it); none refused."""
     server, refused = run_budget(jobs=600, phase=0.613, at_arrival=True)
     assert refused == 0
     assert max(server.counts.values()) <= 20
     windows = sorted(server.counts)[12:-1]
     assert all(server.counts[k] == 20 for k in windows)
     late = [server.first[k] - (k + 0.613) for k in windows]
-    assert max(late) <= 0.015, late
+    assert min(late) >= JITTER_S and max(late) <= JITTER_S + 0.015, late
+
+
+def test_a_request_held_up_on_its_way_costs_no_429() -> None:
+    """One request reaching the server 50 ms late (a GC pause, a network's jitter) while the
+    phase is being found: the phase comes out that much early, and the turn taken with
+    JITTER_S to spare still sends no request into a spent window (without the margin, three
+    of these were refused)."""
+    refused = {
+        k: run_budget(jobs=300, phase=0.613, at_arrival=True, held_up=k, delay=0.05)[1]
+        for k in range(1, 240, 3)
+    }
+    assert not any(refused.values()), {k: n for k, n in refused.items() if n}
 
 
 def test_a_server_writing_its_count_as_the_reply_leaves_costs_a_few_429s_and_no_more() -> None:

@@ -14,7 +14,8 @@ first's reply came back (so it reached the server later):
 
 Each is an interval of the turn's phase (the windows turn every period), and they narrow it. Both
 are on our clock of sends: a request's way to the server is taken as long as another's, so a
-send after the turn so found reaches the server after its turn. While the phase is wider than
+send after the turn so found reaches the server after its turn (give or take a jitter: the
+turn is taken JITTER_S later). While the phase is wider than
 PRECISE_S, the last request a window has left is held back and sent halfway across the interval
 where the turn may be (:meth:`CountPhase.probe_before`): it is counted in one window or the
 other, so it costs at most its own slot, and its reply halves the interval. A 429 says the phase
@@ -36,6 +37,10 @@ PRECISE = 0.01
 # Requests sent this close together may reach the server in either order (one on a new
 # connection, the event loop's own lateness).
 REORDER_S = 0.005
+# A turn found is taken this much later: a request held up on its way by more than the
+# phase's own width (a network's jitter, a GC pause: tens of ms) still reaches the new window.
+# Free where the window is fixed: its whole count still goes, a hair after its turn.
+JITTER_S = 0.03
 _SAMPLES = 64  # recent samples kept to find one answered before a request went
 REFUSALS = 3  # 429s after a phase was taken that end it for the run
 
@@ -175,7 +180,8 @@ class CountedTurns:
             return turn_at
         phase.sample(sent_at, now, remaining, count_limit, sent_between)
         end = phase.end_of(sent_at)
-        if end is not None:
-            turn_at = min(turn_at, end)
-        self.probe_at = phase.probe_before(turn_at)
-        return turn_at
+        if end is None or end >= turn_at:
+            self.probe_at = phase.probe_before(turn_at)
+            return turn_at
+        self.probe_at = phase.probe_before(end)  # (halfway across, jitter or none)
+        return min(turn_at, end + JITTER_S)
