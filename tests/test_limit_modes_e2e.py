@@ -417,6 +417,9 @@ INTERMITTENT: dict[tuple[str, str], str] = {
     ("f-retry-after", "learned"): "3 of 4 runs; one: 2 jobs 429'd left at the cut (0.67)",
     ("f-retry-after-whole", "learned"): "the whole second rounded up: 0.75-0.95",
     ("f-no-hint", "learned"): "the turn probed 1 s after the first 429: 0.67-0.9",
+    # A parallel limit found by auto's ramp: one loaded CI check (session 24) had 16 of 416
+    # refused with 16 in flight, the ramp's step past 8 read late; alone, 3 of 3 at target.
+    ("f-parallel-limit", "learned"): "one loaded run: 16 429s, the ramp's step read late",
     # Told the limit, the same since the presumed bucket (aiq.budget): the minute's 150 go
     # within a second, its 429 shows the window, and the turn is found as above.
     ("f-retry-after-whole", "configured"): "the whole second rounded up: 0.785 once",
