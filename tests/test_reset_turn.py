@@ -4,15 +4,17 @@ of the gateways that write them (Kong's rate-limiting-advanced: the window's end
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from aiq.booking_log import Booking
 from aiq.budget import Budget
 from aiq.ratelimit_headers import Window
-from aiq.reset_turn import ResetTurn
+from aiq.reset_turn import LOOK_SHARE, ResetTurn
 
 
 def kong_reset(server_t: float, span: int) -> int:
@@ -149,3 +151,82 @@ def test_a_budget_sends_into_the_next_window_at_the_pinned_turn() -> None:
     third = budget.book(12.6, 1)  # (past the 600: the server refuses it)
     budget.sync(12.65, Window(600, 0, 48, span_s=60), third, minute_left_s=47.35, refused=True)
     assert budget.ready_at(12.7, 1) == pytest.approx(60.07, abs=0.001)
+
+
+class FixedWindows:
+    """express-rate-limit's memory store: ``limit`` a window of ``span`` seconds from
+    ``start`` on our clock, refused requests counted, and its headers written as the request
+    arrives: what is left and the time to the window's end, rounded up."""
+
+    def __init__(self, limit: int, span: int, start: float) -> None:
+        self.limit, self.span, self.start = limit, span, start
+        self.counts: dict[int, int] = {}
+        self.arrivals: dict[int, list[float]] = {}
+
+    def window(self, t: float) -> int:
+        return math.floor((t - self.start) / self.span)
+
+    def turn_of(self, k: int) -> float:
+        return self.start + (k + 1) * self.span
+
+    def arrive(self, t: float) -> tuple[int, int]:
+        """Count a request arriving at ``t``: what is left (negative: refused), the reset."""
+        k = self.window(t)
+        self.counts[k] = self.counts.get(k, 0) + 1
+        self.arrivals.setdefault(k, []).append(t)
+        return self.limit - self.counts[k], max(1, math.ceil(self.turn_of(k) - t))
+
+
+def run_fixed_windows(
+    jobs: int, *, waiting: bool, start: float = -0.37
+) -> tuple[FixedWindows, int, list[float]]:
+    """A Budget told nothing sends ``jobs`` requests to express's 600 a minute (its window
+    turning 59.63 s after our first request, 0.1 s each way), asking when each may go and
+    saying how many wait behind it (``waiting``; else none is said to); the server, how many
+    it refused, and the send times."""
+    server = FixedWindows(600, 60, start)
+    budget = Budget(600, configured=False, outside=True)  # (as a learned request limit)
+    now, sends, refused = 0.0, list[float](), 0
+    replies: list[tuple[float, int, Booking, int, int]] = []
+    while len(sends) < jobs or replies:
+        backlog = jobs - len(sends) - 1 if waiting else 0
+        at = budget.ready_at(now, 1, backlog=backlog) if len(sends) < jobs else math.inf
+        if at < math.inf and (not replies or at <= replies[0][0]):
+            now, entry = at, budget.book(at, 1)
+            sends.append(at)
+            left, reset = server.arrive(at + 0.1)
+            heapq.heappush(replies, (at + 0.2, len(sends), entry, left, reset))
+            continue
+        now, _, entry, left, reset = heapq.heappop(replies)
+        no = left < 0
+        refused += no
+        budget.close(entry, now, through=not no)
+        window = Window(600, max(0, left), reset, span_s=60)
+        budget.sync(now, window, entry, minute_left_s=60 - now % 60, refused=no)
+    return server, refused, sends
+
+
+def test_a_windows_last_requests_look_for_its_turn_while_more_wait() -> None:
+    """700 jobs at a minute of 600 turning 59.63 s in: the burst's replies pin the turn to a
+    second and a latency; its last few requests go across that interval instead of at once,
+    and the one counted in the new window shows it: the other 100 go a look's spacing and a
+    reply after the turn (taken at the replies' reset, without looks: 0.87 s after). None is
+    refused, and no window holds more than 600."""
+    server, refused, _ = run_fixed_windows(700, waiting=True)
+    assert refused == 0
+    assert max(server.counts.values()) <= 600
+    turn = server.turn_of(0)
+    late = max(server.arrivals[1]) - turn
+    # (Pinned to 1.2 s: its three looks (one per LOOK_SHARE) a quarter of it apart, then a
+    # round trip.)
+    assert late <= 1.2 / (600 // LOOK_SHARE) + 0.2 + 0.1, late
+    _, _, unlooked = run_fixed_windows(700, waiting=False)
+    assert max(unlooked) + 0.1 - turn > late + 0.3
+
+
+def test_no_request_is_held_back_where_nothing_waits_for_the_turn() -> None:
+    """600 jobs, the window's whole count: nothing waits for its turn, so none is held back
+    to look for it (the run's last request would wait for nothing)."""
+    server, refused, sends = run_fixed_windows(600, waiting=True)
+    assert refused == 0 and server.counts == {0: 600}
+    assert max(sends) < 1.0, max(sends)

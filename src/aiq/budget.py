@@ -157,21 +157,18 @@ class Budget(WindowSync):
             return 0.0
         return self._capacity if self._bucket else self._peak
 
-    def ready_at(self, earliest: float, cost: float) -> float:
+    def ready_at(self, earliest: float, cost: float, *, backlog: float = 0.0) -> float:
         """The first time from ``earliest`` that ``cost`` fits the pace, the guard and the
-        provider's window."""
+        provider's window; ``backlog``: how many more requests wait to go besides this one
+        (where more wait than the window has left, its last ones look for its turn)."""
         if cost > self.per_minute:
             raise RequestTooLarge(f"needs {cost:.0f}, more than the limit of {self.per_minute:.0f}")
         at = max(earliest, self._log.last_at)
         if at < self._cap_until:
-            if cost <= self._cap_left:
-                if self.burst:  # the provider says it is left: it may go now
-                    probe_at = self._counted.probe_at
-                    if self._cap_left - cost < 1 and at < probe_at:
-                        return probe_at  # (its last looks for the turn)
-                    return at
-            else:
+            if cost > self._cap_left:
                 at = self._cap_until
+            elif self.burst:  # the provider says it is left: it may go now
+                return max(at, self._look_at(self._cap_left - cost, backlog))
         if self.presumed:  # a bucket of ``allowance``, refilled at the limit's pace
             if self._probe is not None and self._beyond_minute(at, cost):
                 return math.inf  # one request looks past a minute's worth; the rest wait
@@ -197,6 +194,18 @@ class Budget(WindowSync):
         need = min(cost, self._capacity) + self._refill * BUCKET_SKEW_S
         full_at = max(self._own_full_at, self._seen_full_at)
         return max(at, full_at - (self._capacity - need) / self._refill)
+
+    def _look_at(self, left: float, backlog: float) -> float:
+        """When a request that leaves ``left`` of the window goes, if it is one of the last
+        held back to look for the turn: a second's by its counts (aiq.count_phase), or one
+        pinned from whole-second resets while more wait for it (aiq.reset_turn)."""
+        if left < 1:
+            look_at = self._counted.probe_at
+            if look_at > -math.inf:
+                return look_at
+        if backlog > left:
+            return self._reset_turn.look_at(left, self._peak)
+        return -math.inf
 
     def _beyond_minute(self, at: float, cost: float) -> bool:
         """Whether a booking at ``at`` puts more than the limit into the last 60 s, where a

@@ -98,6 +98,10 @@ class RateLimiter(Feedback, LimitReadings):
         self._full_from: float | None = None
         self._full_pass = False
         self._let_in: Ticket | None = None  # a test taken as let in before its reply came
+        # How many more requests wait to go besides the one asking (the run's queue, set by
+        # the worker): where more wait than a window has left, its last ones look for its
+        # turn (aiq.reset_turn). None: none known to wait.
+        self.backlog: Callable[[], float] | None = None
 
     @property
     def counts_tokens(self) -> bool:
@@ -236,20 +240,21 @@ class RateLimiter(Feedback, LimitReadings):
         """The first time from ``at`` that one request of ``cost`` tokens (``split``: input
         and output tokens apart) fits every budget."""
         requests, tokens = self._paced_requests(), self._tokens
+        backlog = self.backlog() if self.backlog is not None and requests is not None else 0.0
         if self._left_capped():
             at = self._left.ready_at(at, owner)
         if self._refusal.books:
             at = self._refusal.ready_at(at)
         if requests is not None:
-            at = requests.ready_at(at, 1)
+            at = requests.ready_at(at, 1, backlog=backlog)
         if tokens is not None and cost:
             at = tokens.ready_at(at, cost)
             if requests is not None:  # the token guard moved it: the request pace still holds
-                at = requests.ready_at(at, 1)
+                at = requests.ready_at(at, 1, backlog=backlog)
         if self._split is not None and (later := self._split.ready_at(at, split)) > at:
             at = later  # and the others' paces still hold there
             if requests is not None:
-                at = requests.ready_at(at, 1)
+                at = requests.ready_at(at, 1, backlog=backlog)
             if tokens is not None and cost:
                 at = tokens.ready_at(at, cost)
         return at

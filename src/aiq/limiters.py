@@ -32,6 +32,8 @@ class Limiters:
         self._by_model: dict[str | None, RateLimiter] = {}
         # Whether more than one limiter is in use: then a sender need not wait for one.
         self.several = False
+        # The run's queue for each limiter: how many more jobs wait to go (the worker's).
+        self.backlog: Callable[[], float] | None = None
 
     @classmethod
     def shared(cls, limiter: RateLimiter) -> Limiters:
@@ -45,6 +47,7 @@ class Limiters:
         if limiter is None:
             rpm, tpm = self._per_model.get(model or "", self._default)
             limiter = self._by_model[model] = self._make(rpm, tpm)
+            limiter.backlog = limiter.backlog or self.backlog
             self.several = len({id(lim) for lim in self._by_model.values()}) > 1
         return limiter
 

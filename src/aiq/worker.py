@@ -69,6 +69,7 @@ class Worker:
         on_attempt: OnAttempt | None = None,
     ) -> None:
         self._limiters = _limiters(limiter, clock=clock, wall=wall, sleep=sleep)
+        self._limiters.backlog = self._backlog
         self._auto: AutoConcurrency | None = None
         if concurrency is None:
             self._auto = AutoConcurrency(
@@ -93,6 +94,12 @@ class Worker:
         )  # fmt: skip
         self.costs = self._sender.costs  # prices each reply; keeps --max-cost
         self._senders: list[asyncio.Task[None]] = []
+
+    def _backlog(self) -> float:
+        """Jobs that wait to go besides the one asking its limiter (every model's: a model
+        whose own are done holds its window's last few back until the turn they look for)."""
+        p = self.progress
+        return max(0, p.total - p.done - p.dead - p.in_flight - 1)
 
     @property
     def fatal(self) -> ProviderError | None:
