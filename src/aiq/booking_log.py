@@ -167,11 +167,8 @@ class BookingLog:
             self._ahead_sum = 0.0  # (no float drift left over)
 
     def booked(self, start: float, end: float) -> float:
-        """What is booked from ``start`` to ``end`` (given back: none)."""
-        return sum(e.cost for e in self._entries if start <= e.at <= end)
-
-    def recent_between(self, start: float, end: float) -> float:
-        """What is booked from ``start`` to ``end``, a recent span (walked from the newest)."""
+        """What is booked from ``start`` to ``end`` (given back: none); walked from the
+        newest, so a recent span costs only its own entries."""
         total = 0.0
         for e in reversed(self._entries):
             if e.at < start:

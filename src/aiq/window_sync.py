@@ -252,7 +252,7 @@ class WindowSync:
             remaining=remaining,
             count_limit=float(reported.limit or self.per_minute) * period_s / WINDOW_S,
             refused=refused,
-            sent_between=self._log.recent_between,
+            sent_between=self._log.booked,
         )
 
     def _turn_s(
