@@ -93,6 +93,12 @@ class Budget(WindowSync):
         # headers show one: its capacity, refill, and when it is full again.
         self._bucket = False
         self._not_bucket = False  # a sample showed something else
+        # A sample did not fit a bucket: the last that did since, and whether two showed its
+        # reset move against what is left (window_sync ``_shows_bucket``).
+        self._strayed = False
+        self._last_fit: tuple[float, float] | None = None
+        self._moved = False
+        self._slides = False  # ...a sliding window, followed as a bucket (window_sync)
         self._capacity = per_minute
         self._refill = per_minute * headroom / WINDOW_S  # per second, at our headroom
         self._own_full_at = -math.inf  # ...after our bookings

@@ -227,6 +227,10 @@ class Feedback(FullTest):
                 # The old minute's count, by the server's clock: bursts go on from its turn.
                 return max(0.0, CALENDAR_MARGIN_S - since_turn_s - sent_s)
             self._stop_bursting(now)
+            if self._requests.slides and retry_after_s is not None:
+                # A sliding window's hint is when it surely has room (Kong's: its fixed turn,
+                # grown by the overshoot: a minute); its refill has a slot far sooner.
+                return min(retry_after_s, self._requests.pace_s(1.0))
             if upper_bound and retry_after_s is not None:
                 # (LiteLLM's router shows its minute's count in headers too, and asks 60 s.)
                 return min(retry_after_s, to_turn_s + TURN_MARGIN_S)

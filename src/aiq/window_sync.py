@@ -49,6 +49,10 @@ LOOK_S = 1.0
 # A provider's reset no longer than this describes a short window (per-second or 10-second
 # enforcement): what it says is left is what it enforces.
 SHORT_WINDOW_S = 10.0
+# A long window's sample whose reset is within this of the whole window was taken at its
+# start (whole-second resets: Kong's on nginx's clock), where a fixed window shows its whole
+# count again and a sliding one still weighs the last (:meth:`WindowSync._shows_slide`).
+SLIDE_EARLY_S = 2.0
 
 
 def _short(remaining: float, reset_s: float, limit: float) -> bool:
@@ -109,6 +113,7 @@ class WindowSync:
     resetless: bool
     burst: bool
     burst_off: bool
+    _slides: bool
     _headroom: float
     _ceiling: float
     _log: BookingLog
@@ -116,6 +121,9 @@ class WindowSync:
     _calendar: bool
     _bucket: bool
     _not_bucket: bool
+    _strayed: bool
+    _last_fit: tuple[float, float] | None
+    _moved: bool
     _capacity: float
     _refill: float
     _own_full_at: float
@@ -179,10 +187,15 @@ class WindowSync:
         window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
         reset = reported.reset_s
         own = self._take_window(remaining, reset, window_limit)
+        capacity = window_limit
+        if own and self._shows_slide(now, reported, remaining, entry, window_limit):
+            self._bucket = True  # (a bucket of the window's count)
+            capacity = window_limit * min(self._span_s(reported), WINDOW_S) / WINDOW_S
         if self._bucket:
             # (A 429's sample: its own request is in the model, not in the provider's count.)
             learn = not refused
-            return self._sync_bucket(now, remaining, window_limit, predicted, learn) or rebook
+            sync = self._sync_bucket(now, remaining, capacity, predicted, learn, entry)
+            return sync or rebook
         # What is left may go at once where the provider says its window is short (then
         # ``remaining`` is what it enforces) or gives no reset (a calendar minute); over a
         # longer one, it is a ceiling for the pace (a minute may be enforced per second).
@@ -242,7 +255,7 @@ class WindowSync:
         estimate."""
         if not (self._outside.learns and entry is not None):
             return turn_at
-        period_s = reported.span_s or self._reset_turn.longest_s
+        period_s = self._span_s(reported)
         return self._counted.turn_at(
             turn_at,
             sent_at=entry.at,
@@ -322,10 +335,55 @@ class WindowSync:
         full = remaining + reset * limit / WINDOW_S
         # A bucket fits every sample; one far off (a sliding minute's first: little used and
         # a minute to go, half again over the limit) says the window is something else, for
-        # the run. One a little off (a rounded reset, a late reply) is only not a bucket's.
+        # the run. One a little off (a rounded reset, a late reply) is only not a bucket's;
+        # a reset in whole seconds is off by at most a second's refill.
         if full > 1.5 * limit:
             self._not_bucket = True
-        return abs(full - limit) <= max(2.0, 0.05 * limit) and not self._not_bucket
+        off = 0.05 * limit if not float(reset).is_integer() else limit / WINDOW_S + 1.0
+        if abs(full - limit) > max(2.0, off) or self._not_bucket:
+            self._strayed = True
+            return False
+        if not self._strayed or self._moved:
+            return True
+        # After one that did not fit, a fixed window's burst passes through such samples (what
+        # is left falls, its reset with the clock: 10 of 600 over, at the refill the bucket
+        # was taken to have while they fit): two must show the reset moving against what is
+        # left, as a bucket's does (up as it is spent, down as it refills).
+        last, self._last_fit = self._last_fit, (remaining, reset)
+        self._moved = last is not None and (remaining - last[0]) * (reset - last[1]) < 0
+        return self._moved
+
+    def _shows_slide(
+        self, now: float, reported: Window, remaining: float, entry: Booking | None, limit: float
+    ) -> bool:
+        """Whether the limit's own window slides (for the run, once a sample shows it): at the
+        start of a long window, far less is left than a fixed window's count would show (its
+        whole count, less what we sent since its turn): the last window's count still weighs,
+        and gives its room back at the limit's pace (Kong's sliding minute, its plugin's
+        default). Such a window is followed as a bucket of its count refilled at that pace:
+        capped until its reset, a whole minute was lost after every full one (bench
+        h-kong-sliding 0.49), and its 429s' ``Retry-After`` asks as long."""
+        if self._slides:
+            return True
+        reset, span_s = reported.reset_s, self._span_s(reported)
+        if reset is None or entry is None or not SHORT_WINDOW_S < span_s <= WINDOW_S:
+            return False
+        # (The first samples of a window: its turn a window after the one pinned so far.)
+        if reset < span_s - SLIDE_EARLY_S or now + reset < self._reset_turn.hi + span_s / 2:
+            return False
+        # (Whole-second resets: the turn up to a second before the one they say.)
+        sent = self._log.booked(entry.at - (span_s - reset) - 1.0, entry.at)
+        self._slides = remaining + sent < limit * span_s / WINDOW_S / 2
+        return self._slides
+
+    def _span_s(self, reported: Window) -> float:
+        """How long the window is: as the headers name it, else no shorter than its resets."""
+        return reported.span_s or self._reset_turn.longest_s
+
+    @property
+    def slides(self) -> bool:
+        """Whether the limit's own window was seen to slide (:meth:`_shows_slide`)."""
+        return self._slides
 
     def _follow_limit(self, now: float, reported: int | None) -> bool:
         """A limit the provider reports below ours wins; True if slots booked ahead at the
@@ -348,6 +406,7 @@ class WindowSync:
         capacity: float,
         predicted: tuple[float, float],
         learn: bool = True,
+        entry: Booking | None = None,
     ) -> bool:
         """A minute's bucket sampled: ``remaining`` from full. True if a burst begins.
 
@@ -367,7 +426,7 @@ class WindowSync:
         # headers may be written as it leaves), and a bucket's debt is paid at its refill, a
         # minute for a minute's worth; our own bookings drain the model of it apart
         # (``_own_full_at``), so a stale sample sends no more.
-        owed = capacity - remaining + self._log.ahead(now)
+        owed = capacity - remaining + self._owed_ahead(now, entry)
         nominal = self._refill  # (sync set it from the provider's limit)
         full_at, refill = predicted
         share = self._outside
@@ -388,9 +447,18 @@ class WindowSync:
             self._booked_refill = new
             self.drop_ahead(now)
             rebook = True
-            owed = capacity - remaining + self._log.ahead(now)
+            owed = capacity - remaining + self._owed_ahead(now, entry)
         self._seen_full_at = now + owed / new
         return rebook
+
+    def _owed_ahead(self, now: float, entry: Booking | None) -> float:
+        """What a bucket's sample leaves out of our own: bookings not sent yet; over a sliding
+        window, whose count the headers show as the request arrived (Kong's), everything
+        sent after the request it answers too (our own model of it is no help: it refilled
+        from each booking, and the window gives nothing back before its turn)."""
+        if self._slides:
+            return self._unseen(now, entry)
+        return self._log.ahead(now)
 
     def _sync_window(
         self, now: float, remaining: float, until: float, entry: Booking | None
