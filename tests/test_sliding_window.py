@@ -2,7 +2,7 @@
 window's count, weighed by how much of it still overlaps, plus this one's. After a full window
 it gives its room back at the limit's pace from the turn, where a fixed one gives it all back
 at once; its 429s' ``Retry-After`` is the fixed turn grown by the overshoot, about a minute.
-aiq follows it as a bucket of the window's count (aiq.window_sync ``_shows_slide``), and takes
+aiq follows it as a bucket of the window's count (aiq.window_shape), and takes
 that ``Retry-After`` for an upper bound. Driven against the fake server's own mode
 (tests/fakeserver/modes/gateways.py ``KongGateway``, which cites Kong's source), its headers
 read by aiq's parser, on a fake clock."""

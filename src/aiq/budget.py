@@ -23,6 +23,7 @@ import math
 from .booking_log import Booking, BookingLog
 from .count_phase import CountedTurns
 from .reset_turn import ResetTurn
+from .window_shape import WindowShape
 from .window_sync import (
     CALENDAR_MARGIN_S,
     EPSILON_S,
@@ -92,13 +93,7 @@ class Budget(WindowSync):
         # A minute's bucket refilled continuously (OpenAI's, full at the start), once the
         # headers show one: its capacity, refill, and when it is full again.
         self._bucket = False
-        self._not_bucket = False  # a sample showed something else
-        # A sample did not fit a bucket: the last that did since, and whether two showed its
-        # reset move against what is left (window_sync ``_shows_bucket``).
-        self._strayed = False
-        self._last_fit: tuple[float, float] | None = None
-        self._moved = False
-        self._slides = False  # ...a sliding window, followed as a bucket (window_sync)
+        self._shape = WindowShape()  # ...or a sliding window, followed as one
         self._capacity = per_minute
         self._refill = per_minute * headroom / WINDOW_S  # per second, at our headroom
         self._own_full_at = -math.inf  # ...after our bookings

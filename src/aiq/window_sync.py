@@ -3,8 +3,10 @@
 A sample (``limit``, ``remaining``, ``reset``) replaces the last one, never a count added to
 ours. Where the three add up to a minute's bucket refilled continuously (OpenAI's, full at
 the start), what it holds may go at once and another client's share of its refill is learned
-(:class:`_Share`); any other window (per-second or 10-second enforcement, a calendar minute,
-a day's count) caps what may go before its reset, where the pace starts over. The budget's
+(:class:`_Share`); a sliding window (Kong's) is followed as a bucket of its count (which kind
+a window is: :mod:`aiq.window_shape`); any other window (per-second or 10-second enforcement,
+a calendar minute, a day's count) caps what may go before its reset, where the pace starts
+over. The budget's
 own half (pace, guard, log) is in :mod:`aiq.budget`; this is the half that reads the provider.
 """
 
@@ -17,8 +19,8 @@ from .booking_log import Booking, BookingLog
 from .count_phase import CountedTurns
 from .ratelimit_headers import Window
 from .reset_turn import ResetTurn
+from .window_shape import SHORT_WINDOW_S, WINDOW_S, WindowShape
 
-WINDOW_S = 60.0
 # A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
 EPSILON_S = 1e-6
 # How far a server's clock may be behind ours: a 429 to a request sent this soon after the
@@ -46,13 +48,6 @@ _OUTSIDE_MAX = 0.9  # of the refill: some always left to find out that it stoppe
 # A window that shows neither reset nor limit, its turn not yet named by a 429, is looked at
 # again this long after its last sample.
 LOOK_S = 1.0
-# A provider's reset no longer than this describes a short window (per-second or 10-second
-# enforcement): what it says is left is what it enforces.
-SHORT_WINDOW_S = 10.0
-# A long window's sample whose reset is within this of the whole window was taken at its
-# start (whole-second resets: Kong's on nginx's clock), where a fixed window shows its whole
-# count again and a sliding one still weighs the last (:meth:`WindowSync._shows_slide`).
-SLIDE_EARLY_S = 2.0
 
 
 def _short(remaining: float, reset_s: float, limit: float) -> bool:
@@ -113,17 +108,13 @@ class WindowSync:
     resetless: bool
     burst: bool
     burst_off: bool
-    _slides: bool
     _headroom: float
     _ceiling: float
     _log: BookingLog
     _guard: bool
     _calendar: bool
     _bucket: bool
-    _not_bucket: bool
-    _strayed: bool
-    _last_fit: tuple[float, float] | None
-    _moved: bool
+    _shape: WindowShape
     _capacity: float
     _refill: float
     _own_full_at: float
@@ -188,7 +179,7 @@ class WindowSync:
         reset = reported.reset_s
         own = self._take_window(remaining, reset, window_limit)
         capacity = window_limit
-        if own and self._shows_slide(now, reported, remaining, entry, window_limit):
+        if own and entry is not None and self._slides(now, reported, remaining, entry):
             self._bucket = True  # (a bucket of the window's count)
             capacity = window_limit * min(self._span_s(reported), WINDOW_S) / WINDOW_S
         if self._bucket:
@@ -321,60 +312,24 @@ class WindowSync:
         self._calendar = own and reset is None
         # (Not over a limit a 429 named: a minute's bucket, OpenAI's or Groq's.)
         self._guard = ((self.burst_off and not self._calendar) or not own) and not self.stated
-        self._bucket = own and self._shows_bucket(remaining, reset, window_limit)
+        self._bucket = own and self._shape.bucket(remaining, reset, window_limit)
         self._cap_left, self._cap_until, self._fresh_at = math.inf, -math.inf, math.inf
         self._seen_full_at = -math.inf
         self._counted.probe_at = -math.inf
         return own
 
-    def _shows_bucket(self, remaining: float, reset: float | None, limit: float) -> bool:
-        """Whether a sample of the limit's own window is a minute's bucket's: what is left
-        and what refills by the reset add up to the limit (OpenAI's, full at the start)."""
-        if reset is None:
-            return False
-        full = remaining + reset * limit / WINDOW_S
-        # A bucket fits every sample; one far off (a sliding minute's first: little used and
-        # a minute to go, half again over the limit) says the window is something else, for
-        # the run. One a little off (a rounded reset, a late reply) is only not a bucket's;
-        # a reset in whole seconds is off by at most a second's refill.
-        if full > 1.5 * limit:
-            self._not_bucket = True
-        off = 0.05 * limit if not float(reset).is_integer() else limit / WINDOW_S + 1.0
-        if abs(full - limit) > max(2.0, off) or self._not_bucket:
-            self._strayed = True
-            return False
-        if not self._strayed or self._moved:
-            return True
-        # After one that did not fit, a fixed window's burst passes through such samples (what
-        # is left falls, its reset with the clock: 10 of 600 over, at the refill the bucket
-        # was taken to have while they fit): two must show the reset moving against what is
-        # left, as a bucket's does (up as it is spent, down as it refills).
-        last, self._last_fit = self._last_fit, (remaining, reset)
-        self._moved = last is not None and (remaining - last[0]) * (reset - last[1]) < 0
-        return self._moved
-
-    def _shows_slide(
-        self, now: float, reported: Window, remaining: float, entry: Booking | None, limit: float
-    ) -> bool:
-        """Whether the limit's own window slides (for the run, once a sample shows it): at the
-        start of a long window, far less is left than a fixed window's count would show (its
-        whole count, less what we sent since its turn): the last window's count still weighs,
-        and gives its room back at the limit's pace (Kong's sliding minute, its plugin's
-        default). Such a window is followed as a bucket of its count refilled at that pace:
-        capped until its reset, a whole minute was lost after every full one (bench
-        h-kong-sliding 0.49), and its 429s' ``Retry-After`` asks as long."""
-        if self._slides:
-            return True
-        reset, span_s = reported.reset_s, self._span_s(reported)
-        if reset is None or entry is None or not SHORT_WINDOW_S < span_s <= WINDOW_S:
-            return False
-        # (The first samples of a window: its turn a window after the one pinned so far.)
-        if reset < span_s - SLIDE_EARLY_S or now + reset < self._reset_turn.hi + span_s / 2:
-            return False
-        # (Whole-second resets: the turn up to a second before the one they say.)
-        sent = self._log.booked(entry.at - (span_s - reset) - 1.0, entry.at)
-        self._slides = remaining + sent < limit * span_s / WINDOW_S / 2
-        return self._slides
+    def _slides(self, now: float, reported: Window, remaining: float, entry: Booking) -> bool:
+        """Whether the limit's own window slides (:meth:`WindowShape.slide`)."""
+        return self._shape.slide(
+            now,
+            remaining,
+            reported.reset_s,
+            limit=float(reported.limit or self.per_minute),
+            span_s=self._span_s(reported),
+            turn_at=self._reset_turn.hi,
+            sent_at=entry.at,
+            sent_between=self._log.booked,
+        )
 
     def _span_s(self, reported: Window) -> float:
         """How long the window is: as the headers name it, else no shorter than its resets."""
@@ -382,8 +337,8 @@ class WindowSync:
 
     @property
     def slides(self) -> bool:
-        """Whether the limit's own window was seen to slide (:meth:`_shows_slide`)."""
-        return self._slides
+        """Whether the limit's own window was seen to slide (:meth:`WindowShape.slide`)."""
+        return self._shape.slides
 
     def _follow_limit(self, now: float, reported: int | None) -> bool:
         """A limit the provider reports below ours wins; True if slots booked ahead at the
@@ -456,7 +411,7 @@ class WindowSync:
         window, whose count the headers show as the request arrived (Kong's), everything
         sent after the request it answers too (our own model of it is no help: it refilled
         from each booking, and the window gives nothing back before its turn)."""
-        if self._slides:
+        if self._shape.slides:
             return self._unseen(now, entry)
         return self._log.ahead(now)
 
