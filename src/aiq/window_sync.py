@@ -164,7 +164,9 @@ class WindowSync:
           next minute of the clock: LiteLLM counts calendar minutes), when the window has
           refilled and the pace starts over. Where the window is short (per-second or
           10-second enforcement, fixed or refilled) or has no reset, ``remaining`` may go at
-          once; over a sliding minute, at the pace.
+          once; over a longer one, at the pace.
+        - **A sliding window** (the last window's count still weighing at a turn: Kong's) is
+          followed as a bucket of its count, refilled at the limit's pace.
         """
         rebook = self._follow_limit(now, reported.limit)
         if reported.remaining is None:
@@ -178,11 +180,8 @@ class WindowSync:
         window_limit = float(reported.limit or self.per_minute)  # the provider's own limit
         reset = reported.reset_s
         own = self._take_window(remaining, reset, window_limit)
-        capacity = window_limit
-        if own and entry is not None and self._slides(now, reported, remaining, entry):
-            self._bucket = True  # (a bucket of the window's count)
-            capacity = window_limit * min(self._span_s(reported), WINDOW_S) / WINDOW_S
-        if self._bucket:
+        capacity = self._bucket_capacity(now, reported, remaining, entry, own)
+        if capacity is not None:
             # (A 429's sample: its own request is in the model, not in the provider's count.)
             learn = not refused
             sync = self._sync_bucket(now, remaining, capacity, predicted, learn, entry)
@@ -318,18 +317,29 @@ class WindowSync:
         self._counted.probe_at = -math.inf
         return own
 
-    def _slides(self, now: float, reported: Window, remaining: float, entry: Booking) -> bool:
-        """Whether the limit's own window slides (:meth:`WindowShape.slide`)."""
-        return self._shape.slide(
-            now,
-            remaining,
-            reported.reset_s,
-            limit=float(reported.limit or self.per_minute),
-            span_s=self._span_s(reported),
-            turn_at=self._reset_turn.hi,
-            sent_at=entry.at,
-            sent_between=self._log.booked,
-        )
+    def _bucket_capacity(
+        self, now: float, reported: Window, remaining: float, entry: Booking | None, own: bool
+    ) -> float | None:
+        """What a sample of the limit's own window (``own``) is followed as a bucket of: a
+        minute's bucket, its limit; a window seen to slide (:meth:`WindowShape.slide`), its
+        count; None where it is neither."""
+        limit = float(reported.limit or self.per_minute)
+        span_s = self._span_s(reported)
+        if own and entry is not None:
+            slides = self._shape.slide(
+                now,
+                remaining,
+                reported.reset_s,
+                limit=limit,
+                span_s=span_s,
+                turn_at=self._reset_turn.hi,
+                sent_at=entry.at,
+                sent_between=self._log.booked,
+            )
+            if slides:
+                self._bucket = True
+                return limit * min(span_s, WINDOW_S) / WINDOW_S
+        return limit if self._bucket else None
 
     def _span_s(self, reported: Window) -> float:
         """How long the window is: as the headers name it, else no shorter than its resets."""
