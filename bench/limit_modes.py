@@ -93,95 +93,110 @@ def yielding_s(jobs: int, rpm: float, other_rpm: float, other_s: float) -> float
     return other_s + (left - beside * other_s) / refill
 
 
-def _rows() -> dict[str, Row]:
+def _rows(tier: float = 1.0, latency_s: float = 0.2) -> dict[str, Row]:
+    """The rows; ``tier`` multiplies every limit and batch size (so a row takes about as
+    long at any tier), ``latency_s`` is the server's."""
     rows: dict[str, Row] = {}
 
-    def pair(name: str, text: str, jobs: int, mode: Callable[[float], fl.Mode], flags: tuple):
+    def n(count: float) -> int:
+        return max(1, round(count * tier))
+
+    def told(rpm: int) -> tuple[str, str]:
+        return ("--rpm", str(n(rpm)))
+
+    def pair(
+        name: str, text: str, jobs: int, mode: Callable[[float], fl.Mode], flags: tuple
+    ) -> None:
         rpm = float(flags[1])
         rows[f"{name}-configured"] = Row(
-            f"{text}, aiq {' '.join(flags)}", jobs, mode, flags, rpm=rpm
+            f"{text}, aiq {' '.join(flags)}", jobs, mode, flags, latency_s, rpm=rpm
         )
-        rows[f"{name}-learned"] = Row(f"{text}, aiq told nothing", jobs, mode, rpm=rpm)
+        learned = f"{text}, aiq told nothing"
+        rows[f"{name}-learned"] = Row(learned, jobs, mode, (), latency_s, rpm=rpm)
 
-    pair("a-openai", "OpenAI bucket 600 rpm, full at start", 700,
-         lambda t0: fl.OpenAIBucket(rpm=600), ("--rpm", "600"))  # fmt: skip
-    pair("a-openai-at-once", "OpenAI bucket 600 rpm, full at start", 400,
-         lambda t0: fl.OpenAIBucket(rpm=600), ("--rpm", "600"))  # fmt: skip
+    pair("a-openai", "OpenAI bucket 600 rpm, full at start", n(700),
+         lambda t0: fl.OpenAIBucket(rpm=n(600)), told(600))  # fmt: skip
+    pair("a-openai-at-once", "OpenAI bucket 600 rpm, full at start", n(400),
+         lambda t0: fl.OpenAIBucket(rpm=n(600)), told(600))  # fmt: skip
     # The issue's burst case: the bucket's 1,200 at once, the other 800 at its refill (40 s).
-    pair("a-openai-burst", "OpenAI bucket 1,200 rpm, full at start", 2000,
-         lambda t0: fl.OpenAIBucket(rpm=1200), ("--rpm", "1200"))  # fmt: skip
-    pair("b-per-second", "1,200 rpm as a 20-request bucket", 800,
-         lambda t0: fl.PerSecond(rpm=1200), ("--rpm", "1200"))  # fmt: skip
+    pair("a-openai-burst", "OpenAI bucket 1,200 rpm, full at start", n(2000),
+         lambda t0: fl.OpenAIBucket(rpm=n(1200)), told(1200))  # fmt: skip
+    pair("b-per-second", "1,200 rpm as a 20-request bucket", n(800),
+         lambda t0: fl.PerSecond(rpm=n(1200)), told(1200))  # fmt: skip
     # Together's limit per second, unsuffixed (x-ratelimit-limit: 20): read as per minute,
     # a sixtieth of the quota.
-    pair("b-together", "Together 1,200 rpm as 20 a second, unsuffixed headers", 800,
-         lambda t0: fl.TogetherPerSecond(rpm=1200), ("--rpm", "1200"))  # fmt: skip
-    pair("c-litellm", "LiteLLM router rpm 600 per calendar minute (599 pass)", 700,
-         lambda t0: fl.LiteLLMRouter(rpm=600), ("--rpm", "600"))  # fmt: skip
-    pair("c-azure", "Azure 1,200 rpm as 200 per 10 s window", 800,
-         lambda t0: fl.AzureWindows(rpm=1200), ("--rpm", "1200"))  # fmt: skip
+    pair("b-together", "Together 1,200 rpm as 20 a second, unsuffixed headers", n(800),
+         lambda t0: fl.TogetherPerSecond(rpm=n(1200)), told(1200))  # fmt: skip
+    pair("c-litellm", "LiteLLM router rpm 600 per calendar minute (599 pass)", n(700),
+         lambda t0: fl.LiteLLMRouter(rpm=n(600)), told(600))  # fmt: skip
+    pair("c-azure", "Azure 1,200 rpm as 200 per 10 s window", n(800),
+         lambda t0: fl.AzureWindows(rpm=n(1200)), told(1200))  # fmt: skip
     # Azure showing no limit: what is left and the reset (the issue's reading), or what is
     # left alone (the headers its docs name).
-    pair("c-azure-no-limit", "Azure 1,200 rpm as 200 per 10 s window, no limit header", 800,
-         lambda t0: fl.AzureWindows(rpm=1200, shows=("remaining", "reset")),
-         ("--rpm", "1200"))  # fmt: skip
-    pair("c-azure-remaining", "Azure 1,200 rpm as 200 per 10 s window, remaining only", 800,
-         lambda t0: fl.AzureWindows(rpm=1200, shows=("remaining",)),
-         ("--rpm", "1200"))  # fmt: skip
-    pair("d-groq", "Groq 14,400 per day in the header, 300 rpm unreported", 400,
-         lambda t0: fl.GroqDaily(rpd=14_400, rpm=300), ("--rpm", "300"))  # fmt: skip
-    pair("f-litellm-429", "no headers, 300 per calendar minute, llm_provider-retry-after", 400,
-         lambda t0: fl.Headerless(rpm=300, hint="llm_provider"), ("--rpm", "300"))  # fmt: skip
-    pair("f-retry-after", "no headers, 300 per calendar minute, fractional retry-after", 400,
-         lambda t0: fl.Headerless(rpm=300, hint="retry-after"), ("--rpm", "300"))  # fmt: skip
-    pair("g-other-client", "OpenAI bucket 600 rpm, another client at 300 rpm for 30 s", 800,
-         lambda t0: fl.OtherClient(fl.OpenAIBucket(rpm=600), rpm=300, start_at=t0,
-                                   stop_at=t0 + 30), ("--rpm", "600"))  # fmt: skip
+    pair("c-azure-no-limit", "Azure 1,200 rpm as 200 per 10 s window, no limit header", n(800),
+         lambda t0: fl.AzureWindows(rpm=n(1200), shows=("remaining", "reset")),
+         told(1200))  # fmt: skip
+    pair("c-azure-remaining", "Azure 1,200 rpm as 200 per 10 s window, remaining only", n(800),
+         lambda t0: fl.AzureWindows(rpm=n(1200), shows=("remaining",)),
+         told(1200))  # fmt: skip
+    pair("d-groq", "Groq 14,400 per day in the header, 300 rpm unreported", n(400),
+         lambda t0: fl.GroqDaily(rpd=n(14_400), rpm=n(300)), told(300))  # fmt: skip
+    pair("f-litellm-429", "no headers, 300 per calendar minute, llm_provider-retry-after", n(400),
+         lambda t0: fl.Headerless(rpm=n(300), hint="llm_provider"), told(300))  # fmt: skip
+    pair("f-retry-after", "no headers, 300 per calendar minute, fractional retry-after", n(400),
+         lambda t0: fl.Headerless(rpm=n(300), hint="retry-after"), told(300))  # fmt: skip
+    pair("g-other-client", "OpenAI bucket 600 rpm, another client at 300 rpm for 30 s", n(800),
+         lambda t0: fl.OtherClient(fl.OpenAIBucket(rpm=n(600)), rpm=n(300), start_at=t0,
+                                   stop_at=t0 + 30), told(600))  # fmt: skip
     # Gateways' own headers (tests/fakeserver/modes/gateways.py): Kong's windows are aligned
     # to the epoch, whole-second resets; express-rate-limit's start with its store (here 50 s
     # before the run, so the first window turns 10 s in).
-    pair("h-kong", "Kong 600 per calendar minute, X-RateLimit-*-Minute", 700,
-         lambda t0: fl.KongGateway(rpm=600), ("--rpm", "600"))  # fmt: skip
-    pair("h-kong-second", "Kong 1,200 rpm as 20 per 1 s window, reset always 1", 800,
-         lambda t0: fl.KongGateway(rpm=1200, window_s=1), ("--rpm", "1200"))  # fmt: skip
-    pair("h-kong-sliding", "Kong 600 per sliding minute", 700,
-         lambda t0: fl.KongGateway(rpm=600, window_type="sliding"), ("--rpm", "600"))  # fmt: skip
+    pair("h-kong", "Kong 600 per calendar minute, X-RateLimit-*-Minute", n(700),
+         lambda t0: fl.KongGateway(rpm=n(600)), told(600))  # fmt: skip
+    pair("h-kong-second", "Kong 1,200 rpm as 20 per 1 s window, reset always 1", n(800),
+         lambda t0: fl.KongGateway(rpm=n(1200), window_s=1), told(1200))  # fmt: skip
+    pair("h-kong-sliding", "Kong 600 per sliding minute", n(700),
+         lambda t0: fl.KongGateway(rpm=n(600), window_type="sliding"), told(600))  # fmt: skip
     for draft in (6, 8):
-        pair(f"h-express-draft{draft}", f"express-rate-limit 600 a minute, draft-{draft}", 700,
-             partial(lambda t0, d: fl.ExpressDraftHeaders(rpm=600, draft=d, start=t0 - 50),
-                     d=draft), ("--rpm", "600"))  # fmt: skip
+        pair(f"h-express-draft{draft}", f"express-rate-limit 600 a minute, draft-{draft}", n(700),
+             partial(lambda t0, d: fl.ExpressDraftHeaders(rpm=n(600), draft=d, start=t0 - 50),
+                     d=draft), told(600))  # fmt: skip
     for name in ("g-other-client-configured", "g-other-client-learned"):
         # No one rate; the least leaves the other client its share.
-        yielded = partial(yielding_s, rpm=600, other_rpm=300, other_s=30)
+        yielded = partial(yielding_s, rpm=n(600), other_rpm=n(300), other_s=30)
         rows[name] = replace(rows[name], rpm=None, least=yielded)
     big = 10_000_000
-    for name, flags in (("configured", ("--rpm", "600")), ("learned", ())):
-        for suffix, jobs in (("", 700), ("-at-once", 400)):
+    for name, flags in (("configured", told(600)), ("learned", ())):
+        for suffix, jobs in (("", n(700)), ("-at-once", n(400))):
             rows[f"e-anthropic{suffix}-{name}"] = Row(
                 f"Anthropic buckets 600 rpm, aiq {' '.join(flags) or 'told nothing'}",
                 jobs,
-                lambda t0: fl.AnthropicBuckets(rpm=600, itpm=big, otpm=big),
+                lambda t0: fl.AnthropicBuckets(rpm=n(600), itpm=big, otpm=big),
                 flags,
+                latency_s,
                 provider="anthropic",
-                rpm=600,
+                rpm=n(600),
             )
     for slots, jobs in ((1, 40), (4, 400)):
         for name, flags in (("configured", ("--concurrency", str(slots))), ("learned", ())):
             rows[f"f-{'one' if slots == 1 else 'four'}-slot{'s' * (slots > 1)}-{name}"] = Row(
-                f"no headers, {slots} at a time (0.2 s), aiq {' '.join(flags) or 'auto'}",
+                f"no headers, {slots} at a time ({latency_s} s), aiq {' '.join(flags) or 'auto'}",
                 jobs,
-                partial(lambda t0, n: fl.Headerless(slots=n), n=slots),
+                partial(lambda t0, count: fl.Headerless(slots=count), count=slots),
                 flags,
+                latency_s,
             )
     # LiteLLM's max_parallel_requests: 8 at once, the rest refused, retry-after to the minute.
     for name, flags in (("configured", ("--concurrency", "8")), ("learned", ())):
         rows[f"f-parallel-limit-{name}"] = Row(
-            f"no headers, LiteLLM parallel limit 8 (0.2 s), aiq {' '.join(flags) or 'auto'}",
+            f"no headers, LiteLLM parallel limit 8 ({latency_s} s), "
+            f"aiq {' '.join(flags) or 'auto'}",
             1000,
             lambda t0: fl.ParallelLimit(max_parallel=8),
             flags,
+            latency_s,
             # (A replay would not free its slots: the least is the slots'.)
-            least=lambda jobs: (math.ceil(jobs / 8) - 1) * 0.2,
+            least=lambda jobs: (math.ceil(jobs / 8) - 1) * latency_s,
         )
     return rows
 
@@ -290,7 +305,8 @@ def _later_429(posts: list, seconds: float) -> int:
     return sum(t >= min(refusals) + seconds for t in refusals) if refusals else 0
 
 
-def table(results: dict[str, Result]) -> str:
+def table(results: dict[str, Result], rows: dict[str, Row] | None = None) -> str:
+    rows = rows or ROWS
     lines = [
         "| row | jobs | done | least s | wall s | efficiency | paced | 429s / calls "
         "| after the first round | max in flight |",
@@ -299,7 +315,7 @@ def table(results: dict[str, Result]) -> str:
     for name, r in results.items():
         bound = "<= " if r.timed_out else ""
         lines.append(
-            f"| {name} | {ROWS[name].jobs:,} | {r.done:,} | {r.least_s:.1f} | {r.wall_s:.1f} "
+            f"| {name} | {rows[name].jobs:,} | {r.done:,} | {r.least_s:.1f} | {r.wall_s:.1f} "
             f"| {bound}{r.efficiency:.3f} | {bound}{r.paced:.3f} "
             f"| {r.share_429:.2%} ({r.posts - r.done:,} extra) "
             f"| {r.later_429 / r.posts:.2%} ({r.later_429}) | {r.max_in_flight} |"
@@ -310,6 +326,10 @@ def table(results: dict[str, Result]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated")
+    parser.add_argument(
+        "--tier", type=float, default=1.0, help="every limit and batch size times this"
+    )
+    parser.add_argument("--latency", type=float, default=0.2, help="the server's, seconds")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds per run")
     parser.add_argument(
         "--timeline", action="store_true", help="print each run's requests second by second"
@@ -324,14 +344,16 @@ def main() -> None:
         text=True,
     ).stdout.strip()
     print(f"aiq at {head}, python {sys.version.split()[0]}, load average {os.getloadavg()}")
+    print(f"tier x{args.tier:g} (every limit and batch size), latency {args.latency:g} s")
+    rows = _rows(args.tier, args.latency)
     results = {}
     for name in args.rows.split(","):
-        print(f"  {name}: {ROWS[name].description}", file=sys.stderr, flush=True)
+        print(f"  {name}: {rows[name].description}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="aiq-modes-") as tmp:
-            results[name] = run_once(ROWS[name], Path(tmp), args.timeout, args.src)
+            results[name] = run_once(rows[name], Path(tmp), args.timeout, args.src)
         r = results[name]
         print(
-            f"    efficiency {r.efficiency:.3f}, {r.done}/{ROWS[name].jobs} done, "
+            f"    efficiency {r.efficiency:.3f}, {r.done}/{rows[name].jobs} done, "
             f"{r.share_429:.2%} 429s, wall {r.wall_s:.1f} s",
             file=sys.stderr,
             flush=True,
@@ -339,7 +361,7 @@ def main() -> None:
         if args.timeline:
             print(r.timeline, file=sys.stderr, flush=True)
     print(f"load average after: {os.getloadavg()}")
-    print(table(results))
+    print(table(results, rows))
 
 
 if __name__ == "__main__":
