@@ -27,7 +27,7 @@ from openai.types.shared import ErrorObject
 from pydantic import BaseModel
 
 from aiq.providers.simulated import SimulatedTransport, reply_text
-from aiq.transport import AiohttpTransport, make_client
+from aiq.transport import CONNECTING, AiohttpTransport, make_client
 
 KEY = "sk-test-secret-0123456789"
 BODIES: dict[str, dict[str, Any]] = {
@@ -441,3 +441,37 @@ def test_transport_aclose_closes_the_aiohttp_session() -> None:
             return session.closed
 
         assert asyncio.run(go())
+
+
+def test_transport_opens_at_most_a_few_connections_at_once() -> None:
+    # A burst of 400 requests needs 400 connections; opened in one instant they overflow a
+    # server's accept queue (aiohttp's own is 128), whose dropped SYNs come back a second
+    # later: a 6,000-request burst sent nothing for a second, twice. The handshake is given
+    # a far server's 20 ms (the loop's `sock_connect`, which aiohttp's connects go through).
+    opening = most = 0
+
+    async def go(url: str) -> list[int]:
+        loop = asyncio.get_running_loop()
+        connect = loop.sock_connect
+
+        async def far(sock: socket.socket, address: Any) -> None:
+            nonlocal opening, most
+            opening += 1
+            most = max(most, opening)
+            try:
+                await asyncio.sleep(0.02)
+                await connect(sock, address)
+            finally:
+                opening -= 1
+
+        loop.sock_connect = far  # type: ignore[method-assign]
+        async with make_client(
+            max_connections=1000, connect_timeout_s=5.0, read_timeout_s=5.0
+        ) as client:
+            replies = await asyncio.gather(*(client.get(url) for _ in range(400)))
+        return [r.status_code for r in replies]
+
+    with FakeServer() as server:
+        statuses = asyncio.run(go(server.base_url + "/models"))
+    assert statuses == [200] * 400
+    assert most == CONNECTING  # all it may, and no more

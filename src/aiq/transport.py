@@ -23,6 +23,7 @@ environment), streaming request or response bodies. One client belongs to one ev
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -30,6 +31,13 @@ import aiohttp
 import httpx
 
 __all__ = ["AiohttpTransport", "make_client"]
+
+# New connections opened at once, at most. A burst of thousands of requests opens as many
+# connections in one instant, and a server's accept queue holds far fewer (aiohttp's 128,
+# nginx's 511, uvicorn's 2,048): a connection past it has its SYN dropped and tried again a
+# second later (then 3 s, 7 s). A 6,000-request burst at a uvicorn-sized queue sent nothing
+# for a second, twice (bench/README.md, "Session 27"). 128: no server's queue is shorter.
+CONNECTING = 128
 
 # First match wins, so subclasses come before their bases: aiohttp's timeouts are also
 # ClientConnectionErrors, and its connector errors are also ClientOSErrors.
@@ -68,6 +76,20 @@ def _connect_failure(exc: aiohttp.ClientConnectorError) -> str | None:
     return f"Cannot connect to host {exc.host}:{exc.port}: {os.strerror(errno)}"
 
 
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connection pool, opening at most ``CONNECTING`` connections at a time."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._opening = asyncio.Semaphore(CONNECTING)
+
+    async def _create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        # (Inside aiohttp's `connect` timeout, which aiq leaves unset (pool=None); the
+        # socket's own connect timeout starts once it is this one's turn.)
+        async with self._opening:
+            return await super()._create_connection(*args, **kwargs)
+
+
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """An httpx transport that sends every request through one shared aiohttp session.
 
@@ -88,7 +110,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     def _open_session(self) -> aiohttp.ClientSession:
         # Created on first use, not in __init__: aiohttp binds a session to the running loop,
         # and make_client() may be called before there is one.
-        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
+        connector = _Connector(limit=self._max_connections, limit_per_host=0)
         self._session = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,
