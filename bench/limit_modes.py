@@ -35,6 +35,7 @@ the suffix hold more jobs than the burst, so the limit's own pace is what they m
     .venv/bin/python bench/limit_modes.py                     # every row, once
     .venv/bin/python bench/limit_modes.py --rows a-openai-configured,b-per-second-learned
     .venv/bin/python bench/limit_modes.py --src /tmp/base/src   # another checkout, for A/B
+    .venv/bin/python bench/limit_modes.py --tier 10 --latency 0.05  # 3,000-12,000 rpm, 50 ms
 """
 
 from __future__ import annotations
