@@ -52,6 +52,7 @@ class Feedback(FullTest):
     _left: LeftCap
     _slots: SlotWaits
     _first_at: float | None
+    _quickest_s: float
 
     if TYPE_CHECKING:
 
@@ -66,6 +67,8 @@ class Feedback(FullTest):
         if info is None:
             return
         now = self._clock()
+        if ticket is not None:
+            self._reached(ticket, now)  # (before its sample is read against the model)
         minute_left_s = WINDOW_S - self._wall() % WINDOW_S
         rebook = False
         for kind, window in (("requests", info.requests), ("tokens", info.tokens)):
@@ -99,6 +102,13 @@ class Feedback(FullTest):
             rebook = split or rebook
         if rebook:
             self._rebook_all(now)
+
+    def _reached(self, ticket: Ticket, now: float) -> None:
+        """A reply to ``ticket``: each budget's drain starts when the provider began to
+        count (:meth:`Budget.reached`)."""
+        for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
+            if budget is not None and entry is not None:
+                budget.reached(entry, now, self._quickest_s)
 
     def _learn(self, kind: str, limit: float) -> Budget:
         """A limit nobody configured, learned from the provider: its budget from now on."""

@@ -75,6 +75,7 @@ class RateLimiter(Feedback, LimitReadings):
         self._requests = Budget(rpm, headroom=headroom, outside=True) if rpm else None
         self._tokens = Budget(tpm, headroom=headroom) if tpm else None
         self._clock = clock
+        self._quickest_s = math.inf  # the quickest reply yet, from its request's slot
         self._paused_until = -math.inf
         self._prompt = LearnedRatio()
         self._avg_cost = LearnedRatio()  # tokens per request, for concurrency sizing
@@ -321,6 +322,9 @@ class RateLimiter(Feedback, LimitReadings):
         ``output_tokens`` (0: not said) by the reply's usage: correct the booking.
         ``counted_in`` is the part of the prompt an input-token limit counts (Anthropic's
         leaves out cache reads; None: all of it)."""
+        now = self._clock()
+        self._reached(ticket, now)
+        self._quickest_s = min(self._quickest_s, now - ticket.sent_at)
         self.answered(ticket)
         if prompt_tokens > 0 and self._tokens is not None:
             self._prompt.update(ticket.prompt_estimate, prompt_tokens)
