@@ -297,3 +297,54 @@ async def _run_mocked(
         return worker, await store.stats()
     finally:
         await store.close()
+
+
+def test_a_call_is_timed_from_when_it_has_a_connection() -> None:
+    """In a burst of thousands a call waits seconds for its connection (transport.CONNECTING
+    are opened at a time): its learned timeout counts from when it has one. Counted from its
+    start, 607 calls of a 6,000-request burst were cut before they went (bench/README
+    "Session 28"). Once it has its connection, a call is cut as before."""
+
+    async def main(base_url: str) -> tuple[list[object], list[float]]:
+        timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+        for _ in range(5):
+            timeouts.observe("m", 0.01)  # replies in 10 ms: the timeout is the floor
+        assert timeouts.learned_s("m") == FLOOR_S
+        timed = TimedCalls(timeouts, max_attempts=5)
+        transport = AiohttpTransport(max_connections=10)
+        loop = asyncio.get_running_loop()
+        connect = loop.sock_connect
+
+        async def far(sock: Any, address: Any) -> None:  # a handshake of two floors
+            await asyncio.sleep(2 * FLOOR_S)
+            await connect(sock, address)
+
+        class Provider:
+            async def send(self, endpoint: str, body: bytes) -> Reply:
+                request = httpx.Request("POST" if body else "GET", base_url + endpoint)
+                reply = await transport.handle_async_request(request)
+                return cast(Reply, reply.status_code)
+
+        outcomes: list[object] = []
+        took: list[float] = []
+        try:
+            # A slow connection, a quick reply; then on that connection, a reply that hangs.
+            for far_away, job in ((True, Job(1, "/models", b"", 0, None, "m")),
+                                  (False, Job(2, _CHAT, b"{}", 0, None, "m"))):  # fmt: skip
+                loop.sock_connect = far if far_away else connect  # type: ignore[method-assign]
+                began = loop.time()
+                try:
+                    outcomes.append(await timed.send(cast(Any, Provider()), job, "m"))
+                except ProviderError as err:
+                    outcomes.append(err.error_type)
+                took.append(loop.time() - began)
+        finally:
+            timed.close()
+            await transport.aclose()
+        return outcomes, took
+
+    with FakeServer(latency_s=3.0) as server:  # (chat completions only: /models at once)
+        outcomes, took = asyncio.run(main(server.base_url))
+    assert outcomes == [200, "timeout"], outcomes
+    assert took[0] >= 2 * FLOOR_S
+    assert FLOOR_S <= took[1] < FLOOR_S + _SWEEP_S + 0.15, took

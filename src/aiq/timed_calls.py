@@ -15,6 +15,7 @@ from collections.abc import Callable
 from .providers.base import Provider, ProviderError, Reply
 from .records import Job
 from .timeouts import Timeouts
+from .transport import ON_WIRE
 
 # How often calls are checked against their learned timeout: a cut comes up to this late, a
 # fifth of the shortest timeout (timeouts.FLOOR_S); a scan of ~1,500 calls, 20 times a second.
@@ -60,6 +61,7 @@ class TimedCalls:
         # (see send).
         self._deadlines: dict[asyncio.Timeout, float] = {}
         self._sweeper: asyncio.TimerHandle | None = None  # the next sweep, while any is due
+        self._connecting: set[asyncio.Timeout] = set()  # calls waiting for a connection
 
     def close(self) -> None:
         """The run's calls are over: no sweep is left for a later run."""
@@ -106,9 +108,30 @@ class TimedCalls:
                 out = self._out.setdefault(model, {})
                 out[bound] = start
                 timeouts.sending(model, start)
+
+                def on_wire(connected: bool) -> None:
+                    # (aiq.transport) Waiting for a connection, the call is not cut; once
+                    # it has one, its timeout counts from then. (Moved to the end: ``out``
+                    # stays in the order the calls went.)
+                    nonlocal start
+                    if not connected:
+                        self._connecting.add(bound)
+                        return
+                    self._connecting.discard(bound)
+                    was, start = start, loop.time()
+                    del out[bound]
+                    out[bound] = start
+                    if (at := self._deadlines.get(bound)) is not None:
+                        self._deadlines[bound] = at + start - was
+                    if untimed is not None and bound in untimed:
+                        untimed[bound] = start
+
+                wire = ON_WIRE.set(on_wire)
                 try:
                     return await provider.send(job.endpoint, job.body)
                 finally:
+                    ON_WIRE.reset(wire)
+                    self._connecting.discard(bound)
                     del out[bound]
                     if marks is not None:
                         marks.pop(bound, None)
@@ -144,7 +167,8 @@ class TimedCalls:
         own timeout); look again in _SWEEP_S while any call has one."""
         now = loop.time()
         deadlines = self._deadlines
-        due = [b for b, at in deadlines.items() if at <= now]
+        connecting = self._connecting
+        due = [b for b, at in deadlines.items() if at <= now and b not in connecting]
         if self._drained():
             due.extend(self._stragglers(now))
         for bound in due:
@@ -165,7 +189,9 @@ class TimedCalls:
             for bound, start in out.items():
                 if start > late:
                     break  # and every later one
-                if bound in deadlines and deadlines[bound] > now and bound not in self._longer:
+                if bound in self._connecting or bound in self._longer:
+                    continue  # (waiting for a connection; given longer after a cut)
+                if bound in deadlines and deadlines[bound] > now:
                     # The calls sent from a p99 before this one on, but itself: how many
                     # went, how many are still out.
                     went = timeouts.sent_after(model, start - p) - 1
