@@ -94,45 +94,17 @@ class TimedCalls:
             # ~4% of aiq's CPU in the timer heap. A learned limit is kept in _deadlines, and
             # one sweep every _SWEEP_S cuts the calls past it the way asyncio.timeout would.
             async with asyncio.timeout(None) as bound:
-                marks = None
-                if limit_s is not None:
-                    marks = self._deadlines
-                    marks[bound] = start + limit_s
-                    if cuts:
-                        self._longer.add(bound)
-                    if self._sweeper is None:
-                        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
-                elif untimed is not None:
-                    marks = untimed
-                    marks[bound] = start
+                marks = self._mark(bound, start, limit_s, cuts, untimed, loop)
                 out = self._out.setdefault(model, {})
                 out[bound] = start
                 timeouts.sending(model, start)
-
-                def on_wire(connected: bool) -> None:
-                    # (aiq.transport) Waiting for a connection, the call is not cut; once
-                    # it has one, its timeout counts from then. (Moved to the end: ``out``
-                    # stays in the order the calls went.)
-                    nonlocal start
-                    if not connected:
-                        self._connecting.add(bound)
-                        return
-                    self._connecting.discard(bound)
-                    was, start = start, loop.time()
-                    del out[bound]
-                    out[bound] = start
-                    if (at := self._deadlines.get(bound)) is not None:
-                        self._deadlines[bound] = at + start - was
-                    if untimed is not None and bound in untimed:
-                        untimed[bound] = start
-
-                wire = ON_WIRE.set(on_wire)
+                wire = ON_WIRE.set(self._wire(bound, out, untimed, loop))
                 try:
                     return await provider.send(job.endpoint, job.body)
                 finally:
                     ON_WIRE.reset(wire)
                     self._connecting.discard(bound)
-                    del out[bound]
+                    start = out.pop(bound)  # (when it went: its connection had)
                     if marks is not None:
                         marks.pop(bound, None)
                         if marks is untimed:  # (moved to _deadlines once one was learned)
@@ -144,6 +116,53 @@ class TimedCalls:
                 self._tail_cut.discard(bound)
             if cuts:
                 self._longer.discard(bound)
+
+    def _mark(
+        self,
+        bound: asyncio.Timeout,
+        start: float,
+        limit_s: float | None,
+        cuts: int,
+        untimed: dict[asyncio.Timeout, float] | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> dict[asyncio.Timeout, float] | None:
+        """Put a call that went at ``start`` under its learned limit (swept), or among those
+        sent before one was learned; returns where it was marked (None: the ceiling's)."""
+        if limit_s is not None:
+            self._deadlines[bound] = start + limit_s
+            if cuts:
+                self._longer.add(bound)
+            if self._sweeper is None:
+                self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
+            return self._deadlines
+        if untimed is not None:
+            untimed[bound] = start
+        return untimed
+
+    def _wire(
+        self,
+        bound: asyncio.Timeout,
+        out: dict[asyncio.Timeout, float],
+        untimed: dict[asyncio.Timeout, float] | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Callable[[bool], None]:
+        """The transport's ON_WIRE for one call: while it waits for a connection it is not
+        cut; once it has one, its timeout counts from then. (Moved to the end of ``out``,
+        which stays in the order the calls went.)"""
+
+        def on_wire(connected: bool) -> None:
+            if not connected:
+                self._connecting.add(bound)
+                return
+            self._connecting.discard(bound)
+            was = out.pop(bound)
+            start = out[bound] = loop.time()
+            if (at := self._deadlines.get(bound)) is not None:
+                self._deadlines[bound] = at + start - was
+            if untimed is not None and bound in untimed:
+                untimed[bound] = start
+
+        return on_wire
 
     def _cut(self, job: Job, took_s: float, *, tail: bool) -> ProviderError:
         """The error of a call cut after ``took_s`` (``tail``: as the tail's straggler)."""
