@@ -127,8 +127,9 @@ def test_a_full_gateway_gets_its_slots_back_before_the_tests_reply(tmp_path: Pat
     refused = [r.received for r in posts if r.status == 429]
     assert refused, "the parallel limit was never met"
     after = [r.received for r in posts if r.status == 200 and r.received > refused[0]]
-    # The pause's test, then the other slot: before the test's own reply (20 ms here quiet;
-    # CI's load once read 0.52 s, four times its slowest 429, which is when a test is let in).
+    # The pause's test, then the other slot: before the test's own reply (20 ms apart on a
+    # quiet machine; 0.52 s once under CI's load: a test is let in at four times the slowest
+    # 429's latency, which load stretches).
     assert after[1] - after[0] < 0.9 * latency_s, after[:3]
 
 
