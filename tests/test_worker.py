@@ -26,6 +26,7 @@ from aiq.contract import ErrorType, StateName
 from aiq.enqueue import add_file
 from aiq.inputs import Defaults
 from aiq.limiter import RateLimiter
+from aiq.loop_turns import PER_TURN
 from aiq.providers.base import ProviderError
 from aiq.providers.openai import OpenAIProvider
 from aiq.records import DEAD, DONE, QUEUED, RUNNING, Job, Outcome, Source
@@ -634,3 +635,29 @@ def test_auto_starts_sender_tasks_as_its_size_needs_them_not_the_whole_bound(
     run = run_worker(tmp_path, [f"p{i}" for i in range(40)], script, concurrency=None)
     assert run.counts["done"] == 40
     assert most_tasks < 100  # of a bound of 256 (the Worker's default max_concurrency)
+
+
+def test_a_herd_of_senders_reaches_the_server_a_share_per_loop_turn(tmp_path: Path) -> None:
+    # A thousand senders handed their jobs at once (one claim) would all build their
+    # requests in one turn of the loop, which reads no socket meanwhile (aiq.loop_turns).
+    turn = 0
+    per_turn: Counter[int] = Counter()
+
+    def tick() -> None:
+        nonlocal turn
+        turn += 1
+        asyncio.get_running_loop().call_soon(tick)
+
+    def script(prompt: str, _seen: int) -> Reply:
+        per_turn[turn] += 1
+        return completion(prompt)
+
+    def configure(_worker: Worker, _server: Server) -> None:
+        asyncio.get_running_loop().call_soon(tick)
+
+    run = run_worker(
+        tmp_path, [f"p{i}" for i in range(1_000)], script, concurrency=1_000, configure=configure
+    )
+    assert run.counts["done"] == 1_000
+    assert max(per_turn.values()) <= PER_TURN
+    assert len(per_turn) >= 1_000 // PER_TURN

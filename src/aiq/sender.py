@@ -26,6 +26,7 @@ from .costs import Charge, CostMeter
 from .dispatch import Dispatcher
 from .limiter import RateLimiter, RequestTooLarge, Ticket
 from .limiters import Limiters
+from .loop_turns import LoopTurns
 from .outcomes import NO_REFUSALS, Health, Refusals, RetryPolicy
 from .pause_test import PauseTest
 from .providers.base import Provider, ProviderError, Reply
@@ -97,6 +98,7 @@ class Sender:
         self._tested_in_flight = 0
         self._pause_test = PauseTest()  # how soon 429s come back, to decide a test early
         self._testing: Ticket | None = None  # the pause's test, while it is out
+        self._turns = LoopTurns()
         self.fatal: ProviderError | None = None
         # Calls cut at their model's learned timeout (aiq.timed_calls); None: the ceiling alone.
         self._timed = None
@@ -111,6 +113,8 @@ class Sender:
     async def send(self, job: Job) -> None:
         """Wait for the provider and the budget, then send (released back to queued by the
         dispatcher if stopped meanwhile, or if the job would pass --max-cost)."""
+        if not self._turns.go_now():  # a burst's senders start a turn's share at a time
+            await self._turns.wait()
         model = job.model if isinstance(job.model, str) else None
         # The breakers are nearly always closed: then no wait, and no coroutine to find that out.
         up = not (self._breakers.any_open or self._progress.outage_s)
