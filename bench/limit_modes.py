@@ -237,7 +237,9 @@ def least_s(row: Row, t0: float, start: float) -> float:
     return least
 
 
-def run_once(row: Row, workdir: Path, timeout_s: float, src: Path = ROOT / "src") -> Result:
+def run_once(
+    row: Row, workdir: Path, timeout_s: float, src: Path = ROOT / "src", step_s: float = 1.0
+) -> Result:
     prompts = workdir / "prompts.jsonl"
     with prompts.open("w") as f:
         for i in range(row.jobs):
@@ -283,20 +285,21 @@ def run_once(row: Row, workdir: Path, timeout_s: float, src: Path = ROOT / "src"
         least_s=least,
         wall_s=wall,
         max_in_flight=max_in_flight,
-        timeline=_timeline(posts, first, first + mono_to_wall),
+        timeline=_timeline(posts, first, first + mono_to_wall, step_s),
     )
 
 
-def _timeline(posts: list, first: float, first_wall: float) -> str:
-    """Each second from the first request (and the clock's second of the minute it began):
-    how many the server let through, how many it refused."""
-    seconds: dict[int, list[int]] = {}
+def _timeline(posts: list, first: float, first_wall: float, step_s: float = 1.0) -> str:
+    """Each ``step_s`` from the first request (and the clock's second of the minute it
+    began): how many the server let through, how many it refused."""
+    steps: dict[int, list[int]] = {}
     for r in posts:
-        counts = seconds.setdefault(int(r.received - first), [0, 0])
+        counts = steps.setdefault(int((r.received - first) / step_s), [0, 0])
         counts[r.status == 429] += 1
     return "\n".join(
-        f"      +{s:3d} s (:{int(first_wall + s) % 60:02d})  {ok:4d} ok  {no:4d} 429"
-        for s, (ok, no) in sorted(seconds.items())
+        f"      +{i * step_s:5.1f} s (:{int(first_wall + i * step_s) % 60:02d})"
+        f"  {ok:4d} ok  {no:4d} 429"
+        for i, (ok, no) in sorted(steps.items())
     )
 
 
@@ -333,7 +336,12 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2, help="the server's, seconds")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds per run")
     parser.add_argument(
-        "--timeline", action="store_true", help="print each run's requests second by second"
+        "--timeline",
+        type=float,
+        nargs="?",
+        const=1.0,
+        metavar="STEP_S",
+        help="print each run's requests per STEP_S seconds (default 1)",
     )
     parser.add_argument(
         "--src", type=Path, default=ROOT / "src", help="aiq from another checkout's src/ (A/B)"
@@ -351,7 +359,9 @@ def main() -> None:
     for name in args.rows.split(","):
         print(f"  {name}: {rows[name].description}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="aiq-modes-") as tmp:
-            results[name] = run_once(rows[name], Path(tmp), args.timeout, args.src)
+            results[name] = run_once(
+                rows[name], Path(tmp), args.timeout, args.src, args.timeline or 1.0
+            )
         r = results[name]
         print(
             f"    efficiency {r.efficiency:.3f}, {r.done}/{rows[name].jobs} done, "
