@@ -318,6 +318,7 @@ json_values = st.recursive(
 # Body fields the reader does not interpret (the shape and defaulted ones are tested above).
 _SPECIAL = {"custom_id", "prompt", "system", "messages", "model", "body", "url"}
 _SPECIAL |= {"max_tokens", "temperature", "priority"}  # (aiq's own: read, not sent)
+_SPECIAL.add("params")  # (an Anthropic Message Batches line: nothing may stand beside it)
 extra_fields = st.dictionaries(
     st.text(min_size=1, max_size=10).filter(lambda k: k not in _SPECIAL), json_values, max_size=4
 )
