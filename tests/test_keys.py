@@ -29,7 +29,7 @@ _json = st.recursive(
 )
 # Fields with a meaning of their own (line shape, validated types) are tested elsewhere.
 RESERVED = {"custom_id", "messages", "model", "prompt", "system", "body", "url", "method",
-            "max_tokens", "temperature", "params"}  # fmt: skip
+            "max_tokens", "temperature", "params", "priority"}  # fmt: skip
 _field = st.text(min_size=1, max_size=10).filter(lambda k: k not in RESERVED)
 _extra = st.dictionaries(
     _field,
