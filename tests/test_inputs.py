@@ -316,9 +316,8 @@ json_values = st.recursive(
     max_leaves=12,
 )
 # Body fields the reader does not interpret (the shape and defaulted ones are tested above).
-_SPECIAL = {"custom_id", "prompt", "system", "messages", "model", "body", "url"}
+_SPECIAL = {"custom_id", "prompt", "system", "messages", "model", "body", "url", "params"}
 _SPECIAL |= {"max_tokens", "temperature", "priority"}  # (aiq's own: read, not sent)
-_SPECIAL.add("params")  # (an Anthropic Message Batches line: nothing may stand beside it)
 extra_fields = st.dictionaries(
     st.text(min_size=1, max_size=10).filter(lambda k: k not in _SPECIAL), json_values, max_size=4
 )
