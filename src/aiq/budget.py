@@ -299,6 +299,8 @@ class Budget(WindowSync):
             self._probe = None
         if entry is self._turn_look:
             self._turn_look = None
+        if entry is self._drain_from:
+            self._drain_from = None  # (no drain began there)
         if entry.cost and self._log.holds(entry):
             self._own_full_at -= entry.cost / self._refill
         self._log.adjust(entry, 0.0)
@@ -343,6 +345,10 @@ class Budget(WindowSync):
         """Take back every slot booked after ``now`` (their senders book again, told so by
         the rate limiter), and start the pace again from now, at the new limit."""
         log = self._log
+        if self._drain_from is not None and self._drain_from.at > now:
+            # Taken back, it began no drain: a reply past it would push the bottom a drain
+            # late for each second it stood ahead (one slot lost at a presumed bucket's end).
+            self._drain_from = None
         drain = log.take_back(now) / self._refill
         self._own_full_at -= drain
         self._seen_full_at -= drain
