@@ -166,6 +166,15 @@ class BookingLog:
         if not self._n_ahead:
             self._ahead_sum = 0.0  # (no float drift left over)
 
+    def first_ahead(self, now: float) -> Booking | None:
+        """The earliest booking after ``now`` not given back (None: none)."""
+        self.advance(now)
+        log = self._entries
+        for i in range(len(log) - self._n_ahead, len(log)):
+            if log[i].cost > 0:
+                return log[i]
+        return None
+
     def booked(self, start: float, end: float) -> float:
         """What is booked from ``start`` to ``end`` (given back: none); walked from the
         newest, so a recent span costs only its own entries."""

@@ -199,6 +199,19 @@ class Budget(WindowSync):
         full_at = max(self._own_full_at, self._seen_full_at)
         return max(at, full_at - (self._capacity - need) / self._refill)
 
+    def first_ahead(self, now: float) -> Booking | None:
+        """The earliest slot booked after ``now`` (None: none)."""
+        return self._log.first_ahead(now)
+
+    def short_at(self, at: float, now: float, remaining: float, need: float) -> bool:
+        """Whether a minute's bucket sampled at ``now`` with ``remaining`` left holds less
+        than ``need`` at ``at``, as :meth:`ready_at` asks (its refill meanwhile; nothing else
+        booked before then). Any other window: False."""
+        if not self._bucket:
+            return False
+        level = min(self._capacity, remaining + (at - now) * self._refill)
+        return level + 1e-6 < min(need, self._capacity) + self._refill * BUCKET_SKEW_S
+
     def _look_at(self, left: float, backlog: float) -> float:
         """When a request that leaves ``left`` of the window goes, if it is one of the last
         held back to look for the turn: a second's by its counts (aiq.count_phase), or one

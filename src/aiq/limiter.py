@@ -175,6 +175,8 @@ class RateLimiter(Feedback, LimitReadings):
             self._left.sent(ticket.sent_at, ticket)
         if ticket.request is not None and self._requests is not None:
             ticket.turn_look = self._requests.went(ticket.request)
+        if self._split is not None:
+            self._split.went(ticket.split[1])
         if ticket.window is None and not self._headers_rule():
             ticket.window = self._refusal.went(ticket.sent_at)  # (429s may yet teach a limit)
         return ticket
@@ -355,6 +357,8 @@ class RateLimiter(Feedback, LimitReadings):
             self._let_in = None  # (its early pass stands)
         if not through:
             self._left.unanswered()
+        if self._split is not None:
+            self._split.ended(ticket.split[1])  # (no more held: a reply, or none at all)
         for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
             if budget is not None and entry is not None:
                 looked = budget.close(entry, now, through=through) or looked  # it went

@@ -29,6 +29,7 @@ from typing import NamedTuple
 from .booking_log import Booking
 from .budget import WINDOW_S, Budget
 from .ratelimit_headers import RateLimitInfo, Window
+from .window_sync import REBOOK_EVERY_S
 
 __all__ = [
     "NO_SPLIT",
@@ -170,9 +171,16 @@ class SplitTokens:
         # Output booked and not settled yet, with what the provider holds for it beyond its
         # estimate (its max_tokens reserved on arrival, given back at the end).
         self._held: dict[int, tuple[Booking, float]] = {}
+        # ...of them, the requests out (sent, not answered): what they hold beyond their
+        # estimates is out of the bucket until their replies, and a request arriving
+        # meanwhile needs its own max_tokens on top (the model's samples are taken as if
+        # given back: ``_given_back``).
+        self._out: dict[int, float] = {}
+        self._out_sum = 0.0
         # What the last request booked in each budget cost, and needed to fit on arrival.
         self._last: dict[int, tuple[float, float]] = {}
         self._stale_check_at = -math.inf  # (of a sample's, and of an estimate's)
+        self._crowd_check_at = -math.inf  # (of the first slot ahead's room)
         self._estimate_check_at = -math.inf
         # The earliest the next booking of each budget may go: the last one's slot, its cost
         # long at the pace. A settled booking that cost less than its estimate gives the pace
@@ -205,12 +213,36 @@ class SplitTokens:
     def ready_at(self, at: float, costs: SplitCost) -> float:
         """The first time from ``at`` that ``costs`` fit both budgets (and their ramps): the
         output's pace at its estimate, and what the provider reserves on arrival, its whole
-        ``max_tokens``, left in its bucket or window then."""
+        ``max_tokens``, left in its bucket or window then, beside what the requests out
+        still hold."""
         for kind, budget, cost, fit in self._each(costs):
-            at = budget.ready_at(max(at, self._spaced.get(kind, -math.inf)), max(cost, fit))
+            need = max(cost, fit if kind == "input" else self._with_out(fit, budget))
+            at = budget.ready_at(max(at, self._spaced.get(kind, -math.inf)), need)
             if (ramp := self._ramps.get(kind)) is not None:
                 at = ramp.ready_at(at)
         return at
+
+    def _with_out(self, fit: float, budget: Budget) -> float:
+        """``fit`` of output and what the requests out hold beyond their estimates (at most
+        the limit: a request never needs more, and asking more would never fit)."""
+        return min(fit + self._out_sum, budget.per_minute)
+
+    def went(self, entry_out: Booking | None) -> None:
+        """The request booked at ``entry_out`` was sent: the provider holds its max_tokens
+        until its reply."""
+        held = self._held.get(id(entry_out)) if entry_out is not None else None
+        if held is not None and held[0] is entry_out and id(entry_out) not in self._out:
+            self._out[id(entry_out)] = held[1]
+            self._out_sum += held[1]
+
+    def ended(self, entry_out: Booking | None) -> None:
+        """The request booked at ``entry_out`` was answered, refused or given back: it holds
+        nothing more."""
+        if entry_out is None:
+            return
+        self._held.pop(id(entry_out), None)
+        if (extra := self._out.pop(id(entry_out), None)) is not None:
+            self._out_sum = self._out_sum - extra if self._out else 0.0
 
     def pace_s(self, costs: SplitCost) -> float:
         """How far one booking of ``costs`` moves the slower budget's pace."""
@@ -243,8 +275,7 @@ class SplitTokens:
         for budget, entry in zip((self.input, self.output), entries, strict=True):
             if budget is not None and entry is not None:
                 budget.forget(entry)
-        if entries[1] is not None:
-            self._held.pop(id(entries[1]), None)
+        self.ended(entries[1])
 
     def settle(
         self,
@@ -259,8 +290,7 @@ class SplitTokens:
         reply said nothing), ``output_tokens`` generated (0: unknown). True if slots booked
         ahead are to be booked again, at the new estimates (far under the old ones)."""
         entry_in, entry_out = entries
-        if entry_out is not None:
-            self._held.pop(id(entry_out), None)
+        self.ended(entry_out)
         if counted_in is not None:
             self._counted.update(counted_in)
             if prompt_estimate > 0:
@@ -325,7 +355,27 @@ class SplitTokens:
                 window = self._given_back(now, window, entry)
             rebook = budget.sync(now, window, entry, minute_left_s=minute_left_s) or rebook
             rebook = rebook or self._stale_ahead(now, budget, window)
+            rebook = rebook or self._crowded_ahead(now, budget, window)
         return rebook
+
+    def _crowded_ahead(self, now: float, budget: Budget, window: Window) -> bool:
+        """Whether the first slot booked ahead no longer fits the bucket this sample shows:
+        booked on an older one, before a reply generated more than the mean (a slot booked
+        9 s ahead went where the sample 0.8 s before showed 440 of the 600 its max_tokens
+        needed: a 429). Looked at most every REBOOK_EVERY_S (each time wakes every sender)."""
+        if now < self._crowd_check_at or window.remaining is None:
+            return False
+        first = budget.first_ahead(now)
+        if first is None:
+            return False
+        held = self._held.get(id(first))
+        need = first.cost + (held[1] if held is not None and held[0] is first else 0.0)
+        if budget is self.output:
+            need = self._with_out(need, budget)
+        if not budget.short_at(first.at, now, window.remaining, need):
+            return False
+        self._crowd_check_at = now + REBOOK_EVERY_S
+        return True
 
     def _stale_ahead(self, now: float, budget: Budget, window: Window) -> bool:
         """Whether slots booked ahead were booked under a tighter sample than this one: what
