@@ -358,7 +358,8 @@ class RateLimiter(Feedback, LimitReadings):
         if not through:
             self._left.unanswered()
         if self._split is not None:
-            self._split.ended(ticket.split[1])  # (no more held: a reply, or none at all)
+            # (No more held: a reply, its latency the time a request is out; or none.)
+            self._split.ended(ticket.split[1], now if through else None)
         for budget, entry in ((self._requests, ticket.request), (self._tokens, ticket.tokens)):
             if budget is not None and entry is not None:
                 looked = budget.close(entry, now, through=through) or looked  # it went

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from .booking_log import Booking
 from .budget import WINDOW_S, Budget
+from .held_output import HeldOutput
 from .ratelimit_headers import RateLimitInfo, Window
 from .window_sync import REBOOK_EVERY_S
 
@@ -61,6 +62,12 @@ _STALE_BY_S = 5.0
 # Slots booked ahead at an estimate this many times what replies now show are booked again
 # too (a prompt cache, warm after its first replies, counts a tenth of the prompt or less).
 _STALE_ESTIMATE = 2.0
+# ...and for the output, this many times the mean: replies vary (100 to 600 tokens), and a
+# mean lifted by one long reply put every slot booked ahead a long way apart (8 senders: 18 s
+# of slots at 296 where the replies went on at 100-200; the bucket stayed full, 0.85 of the
+# OTPM used). At 1.5, 0.87-1.07 of the least share in 200 random batches went to 1.03-1.07;
+# at 1.25 one batch of 200 got a 429.
+_STALE_OUTPUT = 1.5
 # Anthropic rounds the token ``remaining`` it reports (to the thousand); its ``reset`` says when
 # the bucket is full again, which gives the level more closely, within this of ``remaining``.
 _ROUNDING = 1000
@@ -168,15 +175,9 @@ class SplitTokens:
         self._input_ratio = _Mean(1.0, _INPUT_WEIGHT)  # counted input over the estimate
         self._counted = _Mean(0.0, _INPUT_WEIGHT)  # counted input tokens a reply
         self._output = _Mean(0.0, _OUTPUT_WEIGHT)  # output tokens a reply
-        # Output booked and not settled yet, with what the provider holds for it beyond its
-        # estimate (its max_tokens reserved on arrival, given back at the end).
-        self._held: dict[int, tuple[Booking, float]] = {}
-        # ...of them, the requests out (sent, not answered): what they hold beyond their
-        # estimates is out of the bucket until their replies, and a request arriving
-        # meanwhile needs its own max_tokens on top (the model's samples are taken as if
-        # given back: ``_given_back``).
-        self._out: dict[int, float] = {}
-        self._out_sum = 0.0
+        # Output booked and not answered yet, with what the provider holds for it beyond its
+        # estimate while it is out (its max_tokens reserved on arrival, given back at the end).
+        self._holds = HeldOutput()
         # What the last request booked in each budget cost, and needed to fit on arrival.
         self._last: dict[int, tuple[float, float]] = {}
         self._stale_check_at = -math.inf  # (of a sample's, and of an estimate's)
@@ -216,33 +217,30 @@ class SplitTokens:
         ``max_tokens``, left in its bucket or window then, beside what the requests out
         still hold."""
         for kind, budget, cost, fit in self._each(costs):
-            need = max(cost, fit if kind == "input" else self._with_out(fit, budget))
-            at = budget.ready_at(max(at, self._spaced.get(kind, -math.inf)), need)
+            at = max(at, self._spaced.get(kind, -math.inf))
+            need = max(cost, fit if kind == "input" else self._with_held(fit, budget, at))
+            at = budget.ready_at(at, need)
             if (ramp := self._ramps.get(kind)) is not None:
                 at = ramp.ready_at(at)
         return at
 
-    def _with_out(self, fit: float, budget: Budget) -> float:
-        """``fit`` of output and what the requests out hold beyond their estimates (at most
-        the limit: a request never needs more, and asking more would never fit)."""
-        return min(fit + self._out_sum, budget.per_minute)
+    def _with_held(self, fit: float, budget: Budget, at: float) -> float:
+        """``fit`` of output and what the requests out at ``at`` hold beyond their estimates
+        (:class:`~aiq.held_output.HeldOutput`; at most the limit: a request never needs more,
+        and asking more would never fit)."""
+        return min(fit + self._holds.at(at), budget.per_minute)
 
     def went(self, entry_out: Booking | None) -> None:
         """The request booked at ``entry_out`` was sent: the provider holds its max_tokens
         until its reply."""
-        held = self._held.get(id(entry_out)) if entry_out is not None else None
-        if held is not None and held[0] is entry_out and id(entry_out) not in self._out:
-            self._out[id(entry_out)] = held[1]
-            self._out_sum += held[1]
+        if entry_out is not None:
+            self._holds.went(entry_out)
 
-    def ended(self, entry_out: Booking | None) -> None:
-        """The request booked at ``entry_out`` was answered, refused or given back: it holds
-        nothing more."""
-        if entry_out is None:
-            return
-        self._held.pop(id(entry_out), None)
-        if (extra := self._out.pop(id(entry_out), None)) is not None:
-            self._out_sum = self._out_sum - extra if self._out else 0.0
+    def ended(self, entry_out: Booking | None, now: float | None = None) -> None:
+        """The request booked at ``entry_out`` was answered at ``now`` (None: refused, given
+        back, or no reply): it holds nothing more."""
+        if entry_out is not None:
+            self._holds.ended(entry_out, now)
 
     def pace_s(self, costs: SplitCost) -> float:
         """How far one booking of ``costs`` moves the slower budget's pace."""
@@ -260,7 +258,7 @@ class SplitTokens:
         ratio, output = self._booked_at
         self._booked_at = (max(ratio, self._input_ratio.value), max(output, self._output.value))
         if (out := entries.get("output")) is not None and costs.reserve > out.cost:
-            self._held[id(out)] = (out, costs.reserve - out.cost)
+            self._holds.booked(out, costs.reserve - out.cost)
         return entries.get("input"), out
 
     def taken_back(self, now: float) -> None:
@@ -270,6 +268,7 @@ class SplitTokens:
             self._spaced[kind] = min(at, now)
         for ramp in self._ramps.values():
             ramp.taken_back(now)
+        self._holds.taken_back(now)
 
     def forget(self, entries: tuple[Booking | None, Booking | None]) -> None:
         for budget, entry in zip((self.input, self.output), entries, strict=True):
@@ -290,7 +289,7 @@ class SplitTokens:
         reply said nothing), ``output_tokens`` generated (0: unknown). True if slots booked
         ahead are to be booked again, at the new estimates (far under the old ones)."""
         entry_in, entry_out = entries
-        self.ended(entry_out)
+        self.ended(entry_out, now)
         if counted_in is not None:
             self._counted.update(counted_in)
             if prompt_estimate > 0:
@@ -315,7 +314,7 @@ class SplitTokens:
         of tokens that will not be counted."""
         ratio, output = self._booked_at
         lower = self._input_ratio.value * _STALE_ESTIMATE < ratio
-        lower = lower or self._output.value * _STALE_ESTIMATE < output
+        lower = lower or self._output.value * _STALE_OUTPUT < output
         if not lower or now < self._estimate_check_at:
             return False
         if all(b.next_booked(now) is None for b in self.budgets()):
@@ -368,10 +367,9 @@ class SplitTokens:
         first = budget.first_ahead(now)
         if first is None:
             return False
-        held = self._held.get(id(first))
-        need = first.cost + (held[1] if held is not None and held[0] is first else 0.0)
+        need = first.cost
         if budget is self.output:
-            need = self._with_out(need, budget)
+            need = min(need + self._holds.extra(first) + self._holds.out, budget.per_minute)
         if not budget.short_at(first.at, now, window.remaining, need):
             return False
         self._crowd_check_at = now + REBOOK_EVERY_S
@@ -397,7 +395,7 @@ class SplitTokens:
         ``max_tokens`` the provider holds for them beyond their estimate: a sample taken while
         they run would otherwise hold back the pace for a minute's refill of tokens that are
         never generated (the reply to ``answered`` has given its own back)."""
-        held = sum(extra for e, extra in self._held.values() if e.at <= now and e is not answered)
+        held = self._holds.out_before(now, answered)
         if not held or window.remaining is None or not window.limit:
             return window
         remaining = min(window.limit, window.remaining + held)
