@@ -11,7 +11,8 @@ of the 722 a request needed, the other 560 held by the one before it).
 
 :class:`HeldOutput` keeps that extra per booking, and answers what is held when a request
 arrives at some time: the extra of every booking made within a reply's latency before then
-and not answered yet (booked in time order, so a window over a deque: no walk per booking).
+and not answered yet. Bookings are made in time order, so that is a walk back from the newest
+over those within a latency of it: about the requests out, not every booking held.
 """
 
 from __future__ import annotations
