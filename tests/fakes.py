@@ -54,6 +54,21 @@ class SharedClock(FakeClock):
         await asyncio.gather(*tasks)
 
 
+class TurnCounter:
+    """Counts the running loop's turns: a callback that schedules itself again each turn."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self._handle = asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.turn += 1
+        self._handle = asyncio.get_running_loop().call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
 Answer = httpx.Response | Callable[[httpx.Request], httpx.Response]
 
 

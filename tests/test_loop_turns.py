@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 import pytest
+from fakes import TurnCounter
 
 from aiq.loop_turns import LoopTurns
 
@@ -17,28 +18,13 @@ async def _through(turns: LoopTurns, passed: list[int], i: int) -> None:
     passed.append(i)
 
 
-class _TurnCounter:
-    """Counts the loop's turns: a callback that schedules itself again each turn."""
-
-    def __init__(self) -> None:
-        self.turn = 0
-        self._handle = asyncio.get_running_loop().call_soon(self._tick)
-
-    def _tick(self) -> None:
-        self.turn += 1
-        self._handle = asyncio.get_running_loop().call_soon(self._tick)
-
-    def stop(self) -> None:
-        self._handle.cancel()
-
-
 def test_a_herd_goes_a_share_per_turn_in_order() -> None:
     asyncio.run(_a_herd_goes_a_share_per_turn_in_order())
 
 
 async def _a_herd_goes_a_share_per_turn_in_order() -> None:
     turns = LoopTurns(per_turn=16)
-    counter = _TurnCounter()
+    counter = TurnCounter()
     passed: list[int] = []
     by_turn: dict[int, int] = {}
 

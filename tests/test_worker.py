@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from fakes import Recorder
+from fakes import Recorder, TurnCounter
 
 from aiq.contract import ErrorType, StateName
 from aiq.enqueue import add_file
@@ -640,20 +640,17 @@ def test_auto_starts_sender_tasks_as_its_size_needs_them_not_the_whole_bound(
 def test_a_herd_of_senders_reaches_the_server_a_share_per_loop_turn(tmp_path: Path) -> None:
     # A thousand senders handed their jobs at once (one claim) would all build their
     # requests in one turn of the loop, which reads no socket meanwhile (aiq.loop_turns).
-    turn = 0
     per_turn: Counter[int] = Counter()
-
-    def tick() -> None:
-        nonlocal turn
-        turn += 1
-        asyncio.get_running_loop().call_soon(tick)
+    counter: TurnCounter | None = None
 
     def script(prompt: str, _seen: int) -> Reply:
-        per_turn[turn] += 1
+        assert counter is not None
+        per_turn[counter.turn] += 1
         return completion(prompt)
 
     def configure(_worker: Worker, _server: Server) -> None:
-        asyncio.get_running_loop().call_soon(tick)
+        nonlocal counter
+        counter = TurnCounter()
 
     run = run_worker(
         tmp_path, [f"p{i}" for i in range(1_000)], script, concurrency=1_000, configure=configure
