@@ -22,6 +22,7 @@ import math
 
 from .booking_log import Booking, BookingLog
 from .count_phase import CountedTurns
+from .outside_share import OutsideShare
 from .reset_turn import ResetTurn
 from .window_shape import WindowShape
 from .window_sync import (
@@ -30,7 +31,6 @@ from .window_sync import (
     TURN_MARGIN_S,
     WINDOW_S,
     WindowSync,
-    _Share,
 )
 
 __all__ = [
@@ -101,7 +101,7 @@ class Budget(WindowSync):
         # The booking that found the model full (its drain's start), until a reply shows when
         # the provider began to count: :meth:`reached`.
         self._drain_from: Booking | None = None
-        self._outside = _Share(outside)  # another client's share of the refill
+        self._outside = OutsideShare(outside)  # another client's share of the refill
         self._booked_refill = self._refill  # the refill slots booked ahead were paced at
         # Any other window: at most ``_cap_left`` more before ``_cap_until``, when it has
         # refilled and the pace starts over (``_fresh_at``).

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .booking_log import Booking, BookingLog
 from .count_phase import CountedTurns
+from .outside_share import OutsideShare
 from .ratelimit_headers import Window
 from .reset_turn import ResetTurn
 from .window_shape import SHORT_WINDOW_S, WINDOW_S, WindowShape
@@ -40,11 +41,6 @@ TURN_MARGIN_S = 0.1
 # Senders booked ahead are let go into what a window says is left at most this often: each
 # time wakes every sender. (Whether there is room is looked at on every reply: it costs a sum.)
 REBOOK_EVERY_S = 0.025
-# Another client's share of a bucket is learned this fast: a sample this many tokens emptier
-# than the model said moves the share by one token a second (so a steady share is found in
-# about this many seconds, the noise of a stale sample averaged over as long).
-OUTSIDE_TAU_S = 1.0
-_OUTSIDE_MAX = 0.9  # of the refill: some always left to find out that it stopped
 # A window that shows neither reset nor limit, its turn not yet named by a 429, is looked at
 # again this long after its last sample.
 LOOK_S = 1.0
@@ -62,38 +58,6 @@ def early_in_minute(since_turn_s: float) -> bool:
     by a calendar minute's count, was sent before the server's own turn: its clock behind
     ours by up to CALENDAR_MARGIN_S. (Its 429 is the old minute's count: no burst refused.)"""
     return 0.0 <= since_turn_s < CALENDAR_MARGIN_S
-
-
-class _Share:
-    """Of a bucket's refill, what another client on the key spends (per second): learned
-    from samples of the bucket emptier than our own bookings explain (raised) or fuller
-    (lowered: it stopped). Requests only: a token booking is an estimate, and Anthropic
-    reserves max_tokens on arrival, so a token bucket is emptier than its model by design."""
-
-    __slots__ = ("learns", "rate", "sampled_at")
-
-    def __init__(self, learns: bool) -> None:
-        self.learns = learns
-        self.rate = 0.0
-        self.sampled_at = -math.inf
-
-    def learn(self, owed: float, expected: float, nominal: float) -> None:
-        """The sample says the bucket owes ``owed``, the model said ``expected``."""
-        # (A bucket full, or predicted so, hides what was spent: nothing to learn.)
-        if owed >= 1 and expected >= 1 and self.sampled_at > -math.inf:
-            # (Raised faster than lowered: a share guessed low sends into an empty bucket.)
-            missing = owed - expected
-            tau_s = OUTSIDE_TAU_S if missing > 0 else 2 * OUTSIDE_TAU_S
-            rate = self.rate + missing / tau_s
-            self.rate = min(_OUTSIDE_MAX * nominal, max(0.0, rate))
-
-    def refused_empty(self, expected: float, nominal: float) -> None:
-        """A 429 at an empty bucket: its request had a slot in the model, and the token it was
-        booked on was spent by another client. An empty bucket reads no emptier however much
-        is taken from it (a sample then matches the model), so 429s are all that show the
-        share: one token each (it stayed 0 for 8 s beside a client at half the limit, a 429
-        in every two requests, in 7 of 17 bench runs of g-other-client)."""
-        self.learn(expected + 1.0, expected, nominal)
 
 
 class WindowSync:
@@ -119,7 +83,7 @@ class WindowSync:
     _refill: float
     _own_full_at: float
     _seen_full_at: float
-    _outside: _Share
+    _outside: OutsideShare
     _booked_refill: float
     _cap_left: float
     _cap_until: float
