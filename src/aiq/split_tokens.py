@@ -65,8 +65,8 @@ _STALE_ESTIMATE = 2.0
 # ...and for the output, this many times the mean: replies vary (100 to 600 tokens), and a
 # mean lifted by one long reply put every slot booked ahead a long way apart (8 senders: 18 s
 # of slots at 296 where the replies went on at 100-200; the bucket stayed full, 0.85 of the
-# OTPM used). At 1.5, 0.87-1.07 of the least share in 200 random batches went to 1.03-1.07;
-# at 1.25 one batch of 200 got a 429.
+# OTPM used). The least share of OTPM used in 200 random batches (3 seeds): 0.84-0.89 at 2,
+# 0.99-1.09 at 1.5 (bench/README "Session 32"); at 1.25 one batch of 200 got a 429.
 _STALE_OUTPUT = 1.5
 # Anthropic rounds the token ``remaining`` it reports (to the thousand); its ``reset`` says when
 # the bucket is full again, which gives the level more closely, within this of ``remaining``.
