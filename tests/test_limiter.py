@@ -656,6 +656,34 @@ def test_what_was_booked_after_the_request_a_reply_answers_is_not_counted_twice(
     assert times[6] >= start + 0.9 - 1e-6
 
 
+def test_a_reply_to_a_request_sent_before_the_limit_was_known_holds_none_sent_since() -> None:
+    """Told nothing, auto opens with two at once; a gateway counts a minute of 600 and says
+    so (express-rate-limit's draft-6 headers: whole-second resets). The first reply teaches
+    the limit and what is left goes at once; then the second's, sent with the first, says
+    598 left: it counted none of those. It has no booking (sent before the limit was known):
+    read as of its arrival, it let 598 more go (6 refused at the bench's gateway rows)."""
+    clock = FakeClock()
+    lim = limiter(clock)
+    minute = 600
+
+    async def go() -> int:
+        first, second = lim.ticket_now(), lim.ticket_now()  # nothing known: both go
+        assert first is not None and second is not None
+        clock.now += 0.2
+        lim.observe(unlimited_info(requests=Window(minute, 599, 10, span_s=60)), first)
+        lim.settle(first, 0)
+        sent = 0
+        while (await lim.acquire()) and clock.now < 1000.3:
+            sent += 1
+            if sent == 300:  # the second's reply, halfway through the burst
+                lim.observe(unlimited_info(requests=Window(minute, 598, 10, span_s=60)), second)
+                lim.settle(second, 0)
+        return sent
+
+    sent = asyncio.run(go())
+    assert 500 <= sent <= minute - 2  # what was left, used, and no more before the turn
+
+
 def test_a_configured_limit_under_the_providers_is_held_as_a_bucket_of_its_own() -> None:
     """Told 60/min against OpenAI's full 10,000/min bucket: the user's own limit, taken for a
     bucket of 60 full at the start (the provider's window is not its own), never a burst of

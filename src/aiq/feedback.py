@@ -88,10 +88,11 @@ class Feedback(FullTest):
             entry = None
             if ticket is not None:
                 entry = ticket.request if kind == "requests" else ticket.tokens
-            rebook = (
-                budget.sync(now, window, entry, minute_left_s=minute_left_s, refused=refused)
-                or rebook
+            sent_at = ticket.sent_at if ticket is not None else None
+            synced = budget.sync(
+                now, window, entry, minute_left_s=minute_left_s, refused=refused, sent_at=sent_at
             )
+            rebook = synced or rebook
         if info.split_tokens:
             if self._split is None:
                 started_at = self._first_at if self._first_at is not None else now

@@ -109,9 +109,11 @@ class WindowSync:
         *,
         minute_left_s: float,
         refused: bool = False,
+        sent_at: float | None = None,
     ) -> bool:
         """Follow what the provider says about this budget in the headers of the reply to
-        ``entry``'s request; True if slots booked ahead are to be booked again: the limit is
+        ``entry``'s request (with none, to one sent at ``sent_at``, before the limit was
+        known; with neither, now); True if slots booked ahead are to be booked again: the limit is
         lower (they are too close), or what is left may go now (they are too far).
 
         The sample is the provider's window, replacing the last one, never a count to add to
@@ -158,8 +160,10 @@ class WindowSync:
         named = reported.span_s is not None and reported.span_s <= WINDOW_S
         short = reset is None or named or _short(remaining, reset, window_limit)
         self.burst = own and not self.burst_off and short
+        if entry is not None:
+            sent_at = entry.at
         turn_s = self._turn_in_s(
-            now, reported, entry, remaining, window_limit, minute_left_s, refused
+            now, reported, entry, sent_at, remaining, window_limit, minute_left_s, refused
         )
         # (A hair after the turn, so a boundary's float rounding never counts it as before.)
         return self._sync_window(now, remaining, now + EPSILON_S + turn_s, entry) or rebook
@@ -174,6 +178,7 @@ class WindowSync:
         now: float,
         reported: Window,
         entry: Booking | None,
+        sent_at: float | None,
         remaining: float,
         window_limit: float,
         minute_left_s: float,
@@ -185,7 +190,7 @@ class WindowSync:
         :meth:`_turn_s` finds it."""
         if self._shows_calendar(reported):
             return minute_left_s + TURN_MARGIN_S
-        sent_at = entry.at if entry is not None else now  # (its reply is a latency old)
+        sent_at = now if sent_at is None else sent_at  # (a reply is a latency old)
         if reported.reset_s is not None:
             if refused:
                 self._reset_turn.refused(sent_at)
@@ -418,11 +423,14 @@ class WindowSync:
 
     def _unseen(self, now: float, entry: Booking | None) -> float:
         """What we booked that the provider's count in the reply to ``entry`` may not hold:
-        everything booked after it (or after ``now``, with no entry), and at least what was
-        sent in the last second and not answered: a request sent before ``entry``'s on a new
-        connection may reach the provider after it (at 20,000 a minute on a per-second
-        bucket, the opening burst's replies let up to 16% more go than the bucket held)."""
+        everything booked after it, and at least what was sent in the last second and not
+        answered: a request sent before ``entry``'s on a new connection may reach the
+        provider after it (at 20,000 a minute on a per-second bucket, the opening burst's
+        replies let up to 16% more go than the bucket held). With no entry (a request sent
+        before the limit was known: the second of startup's two, or one of a fixed
+        concurrency's first round), the last second's too: a burst sent on the first
+        sample's word was read as counted, and 6 went over a gateway's minute."""
         log = self._log
         if entry is None:
-            return log.ahead(now)
+            return log.open_recent(now)
         return max(log.after(entry), log.open_recent(now, but=entry))
