@@ -115,11 +115,16 @@ def _fixed(seconds: float) -> Callable[[random.Random], float]:
 def test_a_server_that_serves_one_at_a_time_gets_about_one(
     service_s: Callable[[random.Random], float],
 ) -> None:
-    # Over many draws: a false "it grew" now and then costs a step or two of startup, never
-    # 32 in flight, and the cycle's deeper drain takes the queue it built away again.
-    runs = [simulate(1, service_s, 300, seed=seed)[0] for seed in range(16)]
-    assert max(run.most_in_flight for run in runs) <= 5
-    assert statistics.median(run.most_in_flight for run in runs) <= 3
+    # Over many draws: a false "it grew" now and then costs a step or two of startup (3, 5,
+    # 9), never 32 in flight, and the cycle's deeper drain takes the queue it built away
+    # again. Startup opens with two at once, and at an exponential service time the second
+    # comes back within a twentieth of a latency of the first one time in twenty, taken for
+    # room: over 128 draws, 5 went over five (2 when startup began at one), at most 9 (7).
+    runs = [simulate(1, service_s, 300, seed=seed)[0] for seed in range(64)]
+    most = sorted(run.most_in_flight for run in runs)
+    assert most[-1] <= 9
+    assert most[-len(runs) // 16 - 1] <= 5  # all but one draw in sixteen
+    assert statistics.median(most) <= 3
     assert statistics.median(statistics.mean(run.settled()) for run in runs) <= 1.5
     # No throughput lost to it: 300 jobs in about 300 mean service times (0.8 s each), as
     # one at a time would take.
@@ -214,18 +219,42 @@ def test_each_startup_step_takes_one_round_when_replies_come_back_bunched() -> N
     the bunch's second reply only, the step to 9 took a round trip more at five."""
     run, _ = simulate(8, lambda rng: 0.2 + rng.uniform(0, 0.003), 120, seed=3)
     steps = [i for i in range(1, len(run.limits)) if run.limits[i] != run.limits[i - 1]]
-    # 3 replies at one, then one round of each limit: 2, 3, 5, 9.
-    assert steps[:5] == [2, 4, 7, 12, 21], steps
+    # The opening's two back together: 3 at the second reply (3 replies at one, then a round
+    # at two, before), one round at 3; at 5 one reply more (the bar holds five replies where
+    # a start at one had eight, and 1.25x from 4 to 5 needs six to be sure), so 9 at the
+    # reply a round trip after the bunch, and a round more at 9 for it.
+    assert steps[:4] == [1, 4, 10, 23], steps
+    assert run.replied[steps[2]] <= 0.81  # 9 in flight by four round trips (six before)
+
+
+@pytest.mark.parametrize(
+    ("slots", "service_s", "limits"),
+    [
+        (2, _fixed(0.2), [2, 3]),  # back together: room for two
+        (1, _fixed(0.2), [2, 2, 1]),  # the second a service time later: one, for the bar
+        (100, lambda rng: rng.uniform(0.1, 0.3), [2, 2, 1]),  # in doubt: the bar at one too
+    ],
+    ids=["two-slots", "one-slot", "noisy"],
+)
+def test_startup_opens_with_two_at_once(
+    slots: int, service_s: Callable[[random.Random], float], limits: list[int]
+) -> None:
+    # The first of two sent at once queued behind nothing at any server: the bar's first
+    # reply. The rest of the round says whether the server had room for both, or, in doubt,
+    # the bar is taken at one and the round judged against it.
+    run, _ = simulate(slots, service_s, 40, seed=1)
+    assert run.limits[: len(limits)] == limits
 
 
 def test_replies_to_requests_sent_before_a_change_do_not_count_for_it() -> None:
     now = 0.0
     probe = CapacityProbe(ceiling=100, clock=lambda: now)
+    start = probe.limit
     # A reply that left before the probe began is no news of any limit the probe set.
     for _ in range(20):
         now += 1.0
         assert not probe.observe(latency_s=now + 1, in_flight=1)
-    assert probe.limit == 1
+    assert probe.limit == start
 
 
 def test_too_few_jobs_to_fill_the_limit_say_nothing_of_the_server() -> None:

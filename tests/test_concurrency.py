@@ -18,8 +18,11 @@ from aiq.limiters import Limiters
 from aiq.ratelimit_headers import RateLimitInfo, Window
 
 
-def test_with_no_limit_known_one_request_goes_first() -> None:
-    assert AutoConcurrency(Limiters(), 256).size == 1
+def test_with_no_limit_known_two_requests_go_first() -> None:
+    # aiq.capacity opens with two at once: the first back is the latency without a queue at
+    # any server, the second says whether there was room for both.
+    assert AutoConcurrency(Limiters(), 256).size == 2
+    assert AutoConcurrency(Limiters(), 1).size == 1  # max_concurrency 1
 
 
 def test_a_configured_limit_sizes_for_it_at_an_assumed_second_of_latency() -> None:
@@ -35,10 +38,10 @@ def test_a_model_without_a_limit_gets_senders_beside_those_the_limited_one_needs
     limiters = Limiters(per_model={"slow": (600, None)})
     limiters.for_model("slow")
     assert AutoConcurrency(limiters, 256).size == math.ceil(9.8 * 1.25) + 2 + 2 == 17
-    # No limit configured or learned: as many beside as the server is found to take, one at
+    # No limit configured or learned: as many beside as the server is found to take, two at
     # first (aiq.capacity).
     limiters.for_model("fast")
-    assert AutoConcurrency(limiters, 256).size == 17 + 1
+    assert AutoConcurrency(limiters, 256).size == 17 + 2
 
 
 def test_replies_resize_it_to_the_latency_seen() -> None:
@@ -83,7 +86,7 @@ def test_a_sender_waiting_in_a_limiter_lets_the_next_one_through(paced: bool) ->
     # limiter holds a sender only for a 429's pause, which holds every sender: the next
     # waits its turn, or all of them would go at once as the pause ends.
     limiter = RateLimiter(rpm=60) if paced else RateLimiter()
-    auto = AutoConcurrency(Limiters.shared(limiter), 8)
+    auto = AutoConcurrency(Limiters.shared(limiter), 1)
     assert auto.size == 1
     order: list[str] = []
 
@@ -121,10 +124,11 @@ def test_a_sender_waiting_in_a_limiter_lets_the_next_one_through(paced: bool) ->
 
 
 def test_opening_the_gate_lets_every_waiting_sender_through() -> None:
-    auto = AutoConcurrency(Limiters(), 8)  # size 1
+    auto = AutoConcurrency(Limiters(), 8)  # size 2
 
     async def scenario() -> int:
-        await auto.enter()  # the one allowed, busy
+        for _ in range(auto.size):
+            await auto.enter()  # the ones allowed, busy
         waiting = [asyncio.create_task(auto.enter()) for _ in range(3)]
         await asyncio.sleep(0.01)
         assert not any(t.done() for t in waiting)
@@ -328,12 +332,12 @@ def test_with_no_limit_known_sends_past_a_few_at_once_are_spaced(
 
 
 def test_a_bunch_of_sends_with_no_limit_known_goes_a_few_at_once_then_spaced() -> None:
-    """Sixty-four asked for at once, replies taking 0.2 s at a size of one: eight go now, the
-    rest a tenth of a second apart (twice the size's rate), none later than needed."""
+    """Sixty-four asked for at once, replies taking 0.2 s at a size of two: eight go now, the
+    rest a twentieth of a second apart (twice the size's rate), none later than needed."""
     now = 0.0
     auto = AutoConcurrency(Limiters(), 256, clock=lambda: now)
     auto.observe(0.2)
-    assert auto.size == 1
+    assert auto.size == 2
     delays = [auto.send_delay_s() for _ in range(64)]
     assert delays[:AT_ONCE] == [0.0] * AT_ONCE
-    assert delays[AT_ONCE:] == pytest.approx([0.1 * k for k in range(1, 64 - AT_ONCE + 1)])
+    assert delays[AT_ONCE:] == pytest.approx([0.05 * k for k in range(1, 64 - AT_ONCE + 1)])

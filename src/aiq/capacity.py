@@ -15,23 +15,27 @@ bandwidth-delay product; in a round with free slots, X x R is what was in flight
 
 Startup raises the limit each round trip while throughput grows with it, and ends when it does
 not: then the limit falls to the estimate. A startup round is the replies to requests sent
-since the limit changed, as many as the limit (three at one, the first bar), so no settling and
-no clock window. Its mean latency is set against the bar's (every reply in rounds that grew:
-no queue then) as two answers: the same if the server had room for the step, higher by the
-step if it had none (twice from 1 to 2, 1.25 from 3 to 5 at four slots; above, where one slot
-fewer no longer shows, the line is throughput up by three quarters of the step). The round
-waits for more replies until it is two standard errors (the spread of latency times
-root(1/replies + 1/replies in the bar)) from the answer it is farther from. So a steady
-server decides at once and a noisy one later; a "yes" takes no more than three times the
-replies a "no" needs, a "no" up to six times, since a false no at a small limit costs a large
-server minutes and a false yes one step. The steps are 1, 2, 3, 5, 9, 17 ... (the step starts
-at one and doubles): a server of up to four slots is offered one request more than it serves
-(two at three), never twice as many (a four-slot server was sent eight, a one-slot llama.cpp
-server 32 under an older auto), and a large gateway is reached in one round trip more than
-doubling from one takes. A no takes six replies (at the limit), a bar of twelve when latency
-varies (else startup goes back to the last limit that grew for more) and two such rounds in a
-row: one noisy round ending it at a small limit left a 1,000-slot server at a tenth of that
-for minutes (bench/README "Concurrency").
+since the limit changed, as many as the limit, so no settling and no clock window. It opens
+with two at once: the first back queued behind nothing at any server and is the bar's first
+reply; if the second came back with it (a one-slot server answers it a service time later),
+or the round's replies clearly show room, two grew, a round trip or two sooner than three
+replies at one in flight; else the bar is three replies at one, and the opening round is
+judged against it as a start at one would have judged its round at two. A round's mean
+latency is set against the bar's (every reply in rounds that grew: no queue then) as two
+answers: the same if the server had room for the step, higher by the step if it had none
+(twice from 1 to 2, 1.25 from 3 to 5 at four slots; above, where one slot fewer no longer
+shows, the line is throughput up by three quarters of the step). The round waits for more
+replies until it is two standard errors (the spread of latency times root(1/replies + 1/replies
+in the bar)) from the answer it is farther from. So a steady server decides at once and a noisy
+one later; a "yes" takes no more than three times the replies a "no" needs, a "no" up to six
+times, since a false no at a small limit costs a large server minutes and a false yes one step.
+The steps are 1, 2, 3, 5, 9, 17 ... (the step starts at one and doubles): a server of up to four
+slots is offered one request more than it serves (two at three), never twice as many (a
+four-slot server was sent eight, a one-slot llama.cpp server 32 under an older auto), and a
+large gateway is reached in one round trip more than doubling from one takes. A no takes six
+replies (at the limit), a bar of twelve when latency varies (else startup goes back to the last
+limit that grew for more) and two such rounds in a row: one noisy round ending it at a small
+limit left a 1,000-slot server at a tenth of that for minutes (bench/README "Concurrency").
 
 From then on, one round in each cycle probes a quarter (at least one) above the estimate, so
 capacity gained is found (a probe that finds room probes again; two in a row start startup
@@ -65,8 +69,12 @@ _FLAT_REPLIES = 6  # startup: replies at one limit before it may be called flat
 _DOUBT = 2
 _MOST = 3
 _MOST_FLAT = 6
-_FIRST_REPLIES = 3  # startup: replies at one in flight, the first bar (one alone was often lucky)
+_FIRST_REPLIES = 3  # startup: replies in the first bar (one alone was often lucky)
 _BUNCH = 0.1  # replies within this share of a latency of each other came back together
+# The first two sent at once, back within this share of a latency of each other: a server with
+# room for both (a one-slot one answers the second a service time later; at an exponential
+# service time, that is this soon one time in twenty).
+_TOGETHER = 0.05
 _SAME = 1e-6  # s: sent as the round began (a float's rounding off the round's start)
 _BASE_REPLIES = 12  # startup: replies in the bar before a round may be called flat, unless steady
 _WINDOW = 8  # rounds the estimate is taken over
@@ -100,7 +108,12 @@ class CapacityProbe:
     """
 
     def __init__(self, *, ceiling: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.limit = 1
+        # Two at once: the first back queued behind nothing at any server, so it is the
+        # bar's first reply; the rest of the round says whether there was room for both.
+        self.limit = min(2, max(1, ceiling))
+        self._opening = self.limit == 2  # the first round, at two
+        self._opened: tuple[int, float, float] | None = None  # its round, judged at one
+        self._first_at = math.inf  # when its first reply came
         self.capped = False  # the limit wanted more than the ceiling
         self._ceiling = max(1, ceiling)
         self._clock = clock
@@ -180,7 +193,7 @@ class CapacityProbe:
             return False
         if self._cut and self._measure_at is None:
             return False  # the 429s of one burst: one cut for them all
-        self._startup = False
+        self._startup = self._opening = False
         self._rounds.clear()  # rounds at the old limit would lift the estimate back over it
         now = self._clock()
         if self._clean >= self.limit:
@@ -207,7 +220,7 @@ class CapacityProbe:
         fewer from now, startup over, and none over that for a while: startup's step past it
         (9 to 17 at a limit of 8) sent eleven into it as the pause ended. True if changed."""
         now = self._clock()
-        self._startup = False
+        self._startup = self._opening = False
         self._rounds.clear()
         most = max(1, min(in_flight - 1, self.limit))
         self._held, self._over_until = most, now + _REPROBE_S
@@ -228,10 +241,19 @@ class CapacityProbe:
             if self._pool_before:
                 self._bar.pool(latency_s, latency_s * latency_s, 1)
             return False
+        if self._opening and not self._bar.count:
+            # The first back of the two sent at once queued behind nothing, at any server.
+            self._bar.pool(latency_s, latency_s * latency_s, 1)
+            self._best_limit, self._first_at = 1, now
+            return False
         self._replies += 1
         self._latency_sum += latency_s
         self._latency_sq += latency_s * latency_s
         self._most_in_flight = max(self._most_in_flight, in_flight)
+        if self._opening and self._replies == 1 and now - self._first_at <= _TOGETHER * latency_s:
+            # Back together with the first: a one-slot server answers the second a whole
+            # service time later.
+            return self._open(now, together=True)
         if self._replies < max(self.limit, self._rebase, self._best_limit or _FIRST_REPLIES):
             return False
         # (The most, not the mean: of replies that come back together, each sees fewer out,
@@ -240,10 +262,42 @@ class CapacityProbe:
             self._begin(now)  # too few jobs to keep the limit busy: no news of the server
             self._pool_before = False
             return False
+        if self._opening:
+            return self._open(now)
         if self._rebase:  # back at the last limit that grew, for the latency without a queue
             self._bar.pool(self._latency_sum, self._latency_sq, self._replies)
             self._rebase, self._pool_before = 0, True
-            return self._set(self._retry, now)
+            changed = self._set(self._retry, now)
+            if self._opened is None:
+                return changed
+            opened, self._opened = self._opened, None
+            return self._reopen(opened, now) or changed
+        return self._startup_round(now)
+
+    def _open(self, now: float, *, together: bool = False) -> bool:
+        """The first round's replies in (two at once, the first in the bar): room for two
+        if they say so clearly (a steady server); else the bar's other replies at one, and
+        then the round judged against it, as a start at one would have."""
+        self._opening = False
+        if (together or self._judged()) and self.limit < self._ceiling:
+            latency = self._latency_sum / self._replies
+            return self._grow(self.limit / max(latency, 1e-9), latency, now)
+        # The first reply was the faster of two at a server with room for both: a bar from
+        # it is short, and the rounds set against it look full (a server with no limit held at
+        # four or five for a minute).
+        self._opened = (self._replies, self._latency_sum, self._latency_sq)
+        self._bar = LatencyBar()
+        self._retry, self._rebase = self.limit, _FIRST_REPLIES
+        self._pool_before = False  # (sent at two: they may have queued)
+        return self._set(1, now)
+
+    def _reopen(self, opened: tuple[int, float, float], now: float) -> bool:
+        """The bar complete at one: the first round at two, judged against it."""
+        bar = self._bar
+        self._rounds.append((1 / bar.mean, bar.mean))  # (as a start at one's first round)
+        self._clean = max(self._clean, 1)
+        self._replies, self._latency_sum, self._latency_sq = opened
+        self._most_in_flight = self.limit
         return self._startup_round(now)
 
     def _startup_round(self, now: float) -> bool:
@@ -253,25 +307,12 @@ class CapacityProbe:
         x = self.limit / max(latency, 1e-9)  # Little's law: in flight over latency
         if not self._best_limit:  # the first round: nothing to compare with
             return self._grow(x, latency, now)
-        # The round's latency over the bar's, as a log: 0 if the server had room for the step,
-        # `full` if it had none (no more slots than the last limit that grew, or one fewer
-        # than this one). Which of the two the round is nearer decides; a decision waits until
-        # the round is _DOUBT standard errors from the other one, or has waited long.
-        bar = self._bar
-        ratio = math.log(max(latency, 1e-9) / bar.mean)
-        full, mid = self._thresholds()
-        spread = bar.spread(self._replies, self._latency_sum, self._latency_sq)
-        error = spread * math.sqrt(1 / self._replies + 1 / bar.count)
-        enough = max(_FLAT_REPLIES, self.limit)
-        if ratio <= mid:
-            if full - ratio < _DOUBT * error and self._replies < _MOST * enough:
-                return False
-            if self.limit < self._ceiling:
-                return self._grow(x, latency, now)
-        elif self._replies < enough or (
-            ratio < _DOUBT * error and self._replies < _MOST_FLAT * enough
-        ):
+        room = self._judged()
+        if room is None:
             return False
+        if room and self.limit < self._ceiling:
+            return self._grow(x, latency, now)
+        bar = self._bar
         if bar.count < _BASE_REPLIES and not bar.steady():
             # Too few replies in the bar to call it flat, at a server whose latency varies
             # (two short ones by chance made a 64-slot server look full at three): back to
@@ -286,6 +327,29 @@ class CapacityProbe:
             self._pool_before = False  # (those sent at this limit may have queued)
             return False
         return self._end_startup(now)
+
+    def _judged(self) -> bool | None:
+        """A startup round set against the bar: True if the server had room for the step,
+        False if it had none, None while the replies leave it in doubt."""
+        # The round's latency over the bar's, as a log: 0 if the server had room for the step,
+        # `full` if it had none (no more slots than the last limit that grew, or one fewer
+        # than this one). Which of the two the round is nearer decides; a decision waits until
+        # the round is _DOUBT standard errors from the other one, or has waited long.
+        bar = self._bar
+        ratio = math.log(max(self._latency_sum / self._replies, 1e-9) / bar.mean)
+        full, mid = self._thresholds()
+        spread = bar.spread(self._replies, self._latency_sum, self._latency_sq)
+        error = spread * math.sqrt(1 / self._replies + 1 / bar.count)
+        enough = max(_FLAT_REPLIES, self.limit)
+        if ratio <= mid:
+            if full - ratio < _DOUBT * error and self._replies < _MOST * enough:
+                return None
+            return True
+        if self._replies < enough or (
+            ratio < _DOUBT * error and self._replies < _MOST_FLAT * enough
+        ):
+            return None
+        return False
 
     def _end_startup(self, now: float) -> bool:
         """Two rounds that did not grow: the limit is what the server took without a queue."""
