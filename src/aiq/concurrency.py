@@ -1,7 +1,8 @@
 """``--concurrency auto``: how many senders may send at once, sized to the rate limits.
 
-The worker starts sender tasks as ``senders`` asks; this gate lets ``size`` of them send. One
-request goes first, to learn the provider's limits from its headers. After that:
+The worker starts sender tasks as ``senders`` asks; this gate lets ``size`` of them send. Two
+requests go first, to learn the provider's limits from their headers (and, where none show,
+whether the server had room for both: aiq.capacity). After that:
 
 - With a request rate known (configured or learned), enough go at once to reach it at the
   latency seen (Little's law: in flight = rate x latency), with room for latency's spread: the
