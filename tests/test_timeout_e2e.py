@@ -152,6 +152,46 @@ def test_a_burst_whose_first_replies_are_fast_cuts_none_of_its_slow_ones(tmp_pat
     assert stats.timeouts == 0 and len(calls) == 200, f"{stats.timeouts} cut"
 
 
+def test_a_timeout_trusted_too_soon_is_taken_back_from_the_calls_given_it() -> None:
+    """Two calls first, alone (auto's opening), answered in 50 ms and 0.5 s; as the first
+    comes back, 100 at once, answered in 0.1 to 3 s. When the second comes back, the calls
+    old enough to weigh (aiq.timeouts OUT_SHARE: sent 0.9 x a p99 of 0.5 s ago or more) are
+    the opening's two alone, both back: a p99 of 0.5 s was trusted and given to the burst's
+    calls. At the next reply the burst is in the window, mostly out, and it is not, but
+    they kept it: a third were cut, each billed twice (bench/concurrency.py spread-burst,
+    55-110 of 300). Now the calls given it go back to the ceiling with it. None is cut."""
+
+    async def main() -> list[object]:
+        timed = TimedCalls(Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5)), 5)
+        loop = asyncio.get_running_loop()
+
+        class Provider:
+            async def send(self, endpoint: str, body: bytes) -> Reply:
+                await asyncio.sleep(float(body))
+                return cast(Reply, 200)
+
+        async def call(i: int, seconds: float) -> object:
+            job = Job(i, _CHAT, str(seconds).encode(), 0, None, "m")
+            began = loop.time()
+            try:
+                reply = await timed.send(cast(Any, Provider()), job, "m")
+            except ProviderError as err:
+                return err.error_type
+            timed.replied("m", loop.time() - began)
+            return reply
+
+        try:
+            second = asyncio.ensure_future(call(1, 0.5))
+            first = await call(0, 0.05)
+            burst = [call(2 + i, 0.1 + 2.9 * (i * 37 % 100) / 99) for i in range(100)]
+            return [first, await second, *await asyncio.gather(*burst)]
+        finally:
+            timed.close()
+
+    outcomes = asyncio.run(main())
+    assert outcomes.count("timeout") == 0 and outcomes.count(200) == 102
+
+
 def test_a_learned_timeout_cuts_on_time(tmp_path: Path) -> None:
     """A hang sent under a learned timeout (the floor, with 10 ms replies) is cut within the
     sweep's period of it (timed_calls._SWEEP_S), never before it."""

@@ -62,6 +62,8 @@ class TimedCalls:
         self._deadlines: dict[asyncio.Timeout, float] = {}
         self._sweeper: asyncio.TimerHandle | None = None  # the next sweep, while any is due
         self._connecting: set[asyncio.Timeout] = set()  # calls waiting for a connection
+        self._wired: dict[asyncio.Timeout, float] = {}  # ...and when those got one
+        self._timed: set[str | None] = set()  # models whose learned timeout calls were given
 
     def close(self) -> None:
         """The run's calls are over: no sweep is left for a later run."""
@@ -94,21 +96,23 @@ class TimedCalls:
             # ~4% of aiq's CPU in the timer heap. A learned limit is kept in _deadlines, and
             # one sweep every _SWEEP_S cuts the calls past it the way asyncio.timeout would.
             async with asyncio.timeout(None) as bound:
-                marks = self._mark(bound, start, limit_s, cuts, untimed, loop)
+                self._mark(bound, start, limit_s, cuts, untimed, loop)
                 out = self._out.setdefault(model, {})
                 out[bound] = start
                 timeouts.sending(model, start)
-                wire = ON_WIRE.set(self._wire(bound, out, untimed, loop))
+                wire = ON_WIRE.set(self._wire(bound, model, out, loop))
                 try:
                     return await provider.send(job.endpoint, job.body)
                 finally:
                     ON_WIRE.reset(wire)
                     self._connecting.discard(bound)
-                    start = out.pop(bound)  # (when it went: its connection had)
-                    if marks is not None:
-                        marks.pop(bound, None)
-                        if marks is untimed:  # (moved to _deadlines once one was learned)
-                            self._deadlines.pop(bound, None)
+                    del out[bound]
+                    start = self._wired.pop(bound, start)  # (its connection's, if it waited)
+                    # (Under a learned timeout or waiting for one: either may have become
+                    # the other while it was out.)
+                    self._deadlines.pop(bound, None)
+                    if (waiting := self._untimed.get(model)) is not None:
+                        waiting.pop(bound, None)
         except TimeoutError:
             raise self._cut(job, loop.time() - start, tail=bound in self._tail_cut) from None
         finally:
@@ -125,41 +129,39 @@ class TimedCalls:
         cuts: int,
         untimed: dict[asyncio.Timeout, float] | None,
         loop: asyncio.AbstractEventLoop,
-    ) -> dict[asyncio.Timeout, float] | None:
+    ) -> None:
         """Put a call that went at ``start`` under its learned limit (swept), or among those
-        sent before one was learned; returns where it was marked (None: the ceiling's)."""
+        sent before one was learned (``untimed``; neither: the ceiling's)."""
         if limit_s is not None:
             self._deadlines[bound] = start + limit_s
             if cuts:
                 self._longer.add(bound)
             if self._sweeper is None:
                 self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
-            return self._deadlines
-        if untimed is not None:
+        elif untimed is not None:
             untimed[bound] = start
-        return untimed
 
     def _wire(
         self,
         bound: asyncio.Timeout,
+        model: str | None,
         out: dict[asyncio.Timeout, float],
-        untimed: dict[asyncio.Timeout, float] | None,
         loop: asyncio.AbstractEventLoop,
     ) -> Callable[[bool], None]:
         """The transport's ON_WIRE for one call: while it waits for a connection it is not
-        cut; once it has one, its timeout counts from then. (Moved to the end of ``out``,
-        which stays in the order the calls went.)"""
+        cut; once it has one, its timeout counts from then. Its time in ``_out`` stays its
+        send's: the timeouts weigh the calls still out against those sent (OUT_SHARE), both
+        by when they went (a call moved to its connection's time read as not yet sent)."""
 
         def on_wire(connected: bool) -> None:
             if not connected:
                 self._connecting.add(bound)
                 return
             self._connecting.discard(bound)
-            was = out.pop(bound)
-            start = out[bound] = loop.time()
+            start = self._wired[bound] = loop.time()
             if (at := self._deadlines.get(bound)) is not None:
-                self._deadlines[bound] = at + start - was
-            if untimed is not None and bound in untimed:
+                self._deadlines[bound] = at + start - out[bound]
+            if (untimed := self._untimed.get(model)) is not None and bound in untimed:
                 untimed[bound] = start
 
         return on_wire
@@ -226,8 +228,14 @@ class TimedCalls:
         out = self._out.get(model, {})
         now = asyncio.get_running_loop().time()
         self.timeouts.observe(model, latency_s, now=now, out=out.values())
+        limit_s = self.timeouts.timeout_s(model)
+        if limit_s is None:
+            if model in self._timed:
+                self._untime(model, out)
+            return
+        self._timed.add(model)
         untimed = self._untimed.get(model)
-        if untimed and (limit_s := self.timeouts.timeout_s(model)) is not None:
+        if untimed:
             # Under the learned timeout from now on, swept as the calls sent under it are
             # (those already past it at the next sweep), and looked at as the tail's are.
             for bound, start in untimed.items():
@@ -236,3 +244,17 @@ class TimedCalls:
             if self._sweeper is None:
                 loop = asyncio.get_running_loop()
                 self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
+
+    def _untime(self, model: str | None, out: dict[asyncio.Timeout, float]) -> None:
+        """The model's timeout is no longer trusted (aiq.timeouts OUT_SHARE: more calls out
+        than a true p99 leaves): the calls given it when it was go back to the ceiling,
+        to be given the next one learned. A burst's first replies are its fastest, and
+        the opening's one or two calls alone in the window once made them trusted, until
+        the burst's own came into it: the calls the burst sent kept 4x the fast p99 and
+        half of 300 were cut (bench/concurrency.py spread-burst: 55-110 cut)."""
+        self._timed.discard(model)
+        untimed = self._untimed.setdefault(model, {})
+        deadlines, longer, wired = self._deadlines, self._longer, self._wired
+        for bound, start in out.items():
+            if bound not in longer and deadlines.pop(bound, None) is not None:
+                untimed[bound] = wired.get(bound, start)
