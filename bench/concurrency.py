@@ -12,6 +12,7 @@ memory.
 
     .venv/bin/python bench/concurrency.py                      # every scenario
     .venv/bin/python bench/concurrency.py --scenarios high-tier
+    .venv/bin/python bench/concurrency.py --src /tmp/base/src   # another checkout, for A/B
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ SCENARIOS = {
 }
 
 
-def run(name: str, s: Scenario) -> dict[str, object]:
+def run(name: str, s: Scenario, src: Path = ROOT / "src") -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "p.jsonl"
         path.write_text(
@@ -136,7 +137,7 @@ def run(name: str, s: Scenario) -> dict[str, object]:
             db = str(Path(tmp) / "aiq.db")
             cmd = [sys.executable, "-m", "aiq", "run", str(path), "--base-url", server.base_url,
                    "--model", "gpt-4o-mini", "--json", "--db", db, *flags]  # fmt: skip
-            env = {**os.environ, "OPENAI_API_KEY": API_KEY, "PYTHONPATH": str(ROOT / "src")}
+            env = {**os.environ, "OPENAI_API_KEY": API_KEY, "PYTHONPATH": str(src)}
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             started = time.monotonic()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -182,9 +183,12 @@ def run(name: str, s: Scenario) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", nargs="*", default=list(SCENARIOS))
+    parser.add_argument(
+        "--src", type=Path, default=ROOT / "src", help="aiq from another checkout's src/ (A/B)"
+    )
     args = parser.parse_args()
     for name in args.scenarios:
-        print(json.dumps(run(name, SCENARIOS[name])), flush=True)
+        print(json.dumps(run(name, SCENARIOS[name], args.src)), flush=True)
 
 
 if __name__ == "__main__":
