@@ -63,7 +63,7 @@ class TimedCalls:
         self._sweeper: asyncio.TimerHandle | None = None  # the next sweep, while any is due
         self._connecting: set[asyncio.Timeout] = set()  # calls waiting for a connection
         self._wired: dict[asyncio.Timeout, float] = {}  # ...and when those got one
-        self._timed: set[str | None] = set()  # models whose learned timeout calls were given
+        self._timed: set[str | None] = set()  # models whose calls were given a learned timeout
 
     def close(self) -> None:
         """The run's calls are over: no sweep is left for a later run."""
@@ -250,8 +250,8 @@ class TimedCalls:
         than a true p99 leaves): the calls given it when it was go back to the ceiling,
         to be given the next one learned. A burst's first replies are its fastest, and
         the opening's one or two calls alone in the window once made them trusted, until
-        the burst's own came into it: the calls the burst sent kept 4x the fast p99 and
-        half of 300 were cut (bench/concurrency.py spread-burst: 55-110 cut)."""
+        the burst's own came into it: the calls the burst sent kept 4x the fast p99, and a
+        fifth to a third of 300 were cut (bench/concurrency.py spread-burst)."""
         self._timed.discard(model)
         untimed = self._untimed.setdefault(model, {})
         deadlines, longer, wired = self._deadlines, self._longer, self._wired
