@@ -535,6 +535,33 @@ def test_a_real_sigterm_while_the_temporary_file_opens_leaves_none_and_no_descri
     assert ".tmp-" not in target, target
 
 
+def test_a_signal_ends_the_process_even_when_its_unwinding_waits() -> None:
+    """SIGTERM raises SystemExit where it lands; if something that unwinding waits for never
+    ends (here a thread the interpreter joins at exit), the process still exits with 130
+    within the grace (cli.entry._GRACE_S, shortened here), not at the wait's end."""
+    code = (
+        "import signal, threading, time\n"
+        "from aiq.cli import entry\n"
+        "entry._GRACE_S = 0.3\n"
+        "signal.signal(signal.SIGTERM, entry._terminated)\n"
+        "threading.Thread(target=time.sleep, args=(60,)).start()  # joined at exit\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=aiq_env(), stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=20) == 130
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    assert time.monotonic() - began < 10
+
+
 def test_sigterm_mid_export_exits_130_and_keeps_the_old_files(tmp_path: Path) -> None:
     # SIGTERM (cron, systemd) used to kill an export outright, leaving its temporary file.
     _done_store(tmp_path, 5_000)  # an export of ~3 MB: 0.1 s or more of writing to land in
