@@ -56,19 +56,8 @@ from collections import deque
 from collections.abc import Callable
 
 from .latency_bar import LatencyBar
+from .step_verdict import verdict
 
-# Startup, above a step of two: a round grew if throughput rose by this share of the step or
-# more. Three quarters: from 5 to 9 at eight slots, it rises by three quarters of the step.
-_GAIN_SHARE = 0.75
-_FLAT_REPLIES = 6  # startup: replies at one limit before it may be called flat
-# Startup decides once a round is this many standard errors (the spread of latency times
-# root(1/replies + 1/replies in the bar)) from the other answer: at once at a server of steady
-# latency, later at a noisy one. After _MOST times the replies a "no" takes, a round nearer
-# "grew" grows; after _MOST_FLAT times, one nearer "flat" is flat: a false no at a small limit
-# costs a large server minutes, a false yes one step.
-_DOUBT = 2
-_MOST = 3
-_MOST_FLAT = 6
 _FIRST_REPLIES = 3  # startup: replies in the first bar (one alone was often lucky)
 _BUNCH = 0.1  # replies within this share of a latency of each other came back together
 # The first two sent at once, back within this share of a latency of each other: a server with
@@ -329,27 +318,15 @@ class CapacityProbe:
         return self._end_startup(now)
 
     def _judged(self) -> bool | None:
-        """A startup round set against the bar: True if the server had room for the step,
-        False if it had none, None while the replies leave it in doubt."""
-        # The round's latency over the bar's, as a log: 0 if the server had room for the step,
-        # `full` if it had none (no more slots than the last limit that grew, or one fewer
-        # than this one). Which of the two the round is nearer decides; a decision waits until
-        # the round is _DOUBT standard errors from the other one, or has waited long.
-        bar = self._bar
-        ratio = math.log(max(self._latency_sum / self._replies, 1e-9) / bar.mean)
-        full, mid = self._thresholds()
-        spread = bar.spread(self._replies, self._latency_sum, self._latency_sq)
-        error = spread * math.sqrt(1 / self._replies + 1 / bar.count)
-        enough = max(_FLAT_REPLIES, self.limit)
-        if ratio <= mid:
-            if full - ratio < _DOUBT * error and self._replies < _MOST * enough:
-                return None
-            return True
-        if self._replies < enough or (
-            ratio < _DOUBT * error and self._replies < _MOST_FLAT * enough
-        ):
-            return None
-        return False
+        """This startup round against the bar (aiq.step_verdict): room, none, or in doubt."""
+        return verdict(
+            self._bar,
+            self._replies,
+            self._latency_sum,
+            self._latency_sq,
+            best=self._best_limit,
+            limit=self.limit,
+        )
 
     def _end_startup(self, now: float) -> bool:
         """Two rounds that did not grow: the limit is what the server took without a queue."""
@@ -369,17 +346,6 @@ class CapacityProbe:
         self._rounds.clear()
         self._rounds.append((0.0, base))
         return self._set(max(1, round(estimate)), now, estimate)
-
-    def _thresholds(self) -> tuple[float, float]:
-        """The log latency ratio of a round at a server with no room for the step, and the
-        line between that and room. A step of one or two has a clear "no room" (twice the
-        latency from one to two, 1.5 from two to three, 1.25 from three to five at four
-        slots); above, it fades to one, and the line is where throughput rose by _GAIN_SHARE
-        of the step (a limit that grew is then at most 7/6 of the server's size)."""
-        best, limit = self._best_limit, self.limit
-        gained = math.log(limit / (best * (1.0 + _GAIN_SHARE * (limit / best - 1.0))))
-        full = max(math.log(limit / max(best, limit - 1)), 2 * gained)
-        return full, max(full / 2, gained)
 
     def _grow(self, x: float, latency: float, now: float) -> bool:
         """Startup: the limit grew; the next step."""
