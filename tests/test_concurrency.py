@@ -65,6 +65,29 @@ def test_replies_resize_it_to_the_latency_seen() -> None:
     assert size == math.ceil(rate * 2.0 * 1.25) + 2 == 27
 
 
+def test_a_limit_learned_after_startups_first_reply_sizes_it_at_once() -> None:
+    """No limit known, startup's two go; the first reply is probed (size two, sized now);
+    the second's headers teach 3,000/min. Held to two for the rest of the second, 50 ms
+    replies went at 40 a second where the limit's pace is 49."""
+    now = 0.0
+    limiters = Limiters()
+    auto = AutoConcurrency(limiters, 256, clock=lambda: now)
+
+    async def scenario() -> int:
+        nonlocal now
+        now = 0.05
+        auto.observe(0.05, in_flight=2)
+        assert auto.size == 2
+        limiters.for_model("m").observe(
+            RateLimitInfo(Window(3000, 2998, 59.9), Window(None, None, None))
+        )
+        now = 0.06
+        assert auto.observe(0.06, in_flight=1)
+        return auto.size
+
+    assert asyncio.run(scenario()) > 2
+
+
 def test_a_minutes_bucket_to_send_at_once_lets_every_sender_send() -> None:
     """OpenAI's bucket, full: its content may go at once (the limiter holds it to that)."""
     limiters = Limiters()
