@@ -273,6 +273,46 @@ def test_a_slow_call_cut_at_the_tail_is_given_longer_next_time() -> None:
     assert asyncio.run(main()) == ["cut", "ok"]
 
 
+def test_a_hang_at_the_tail_among_alike_replies_is_cut_at_twice_the_slowest() -> None:
+    """Replies all take 0.1 s, so the p99 and the slowest are both 0.1 s: a hang at the tail,
+    its neighbours back, is cut at twice the slowest reply (timed_calls TAIL_SLOWEST), not
+    at 4x the p99 (0.4 s: its retry was the hang row's last send)."""
+
+    class Provider:
+        async def send(self, endpoint: str, body: bytes) -> Reply:
+            await asyncio.sleep(30 if body == b"hang" else 0.1)
+            return cast(Reply, body)
+
+    async def main() -> float:
+        timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+        timed = TimedCalls(timeouts, max_attempts=5, drained=lambda: True)
+        loop = asyncio.get_running_loop()
+
+        async def call(job: Job) -> float:
+            began = loop.time()
+            try:
+                await timed.send(cast(Any, Provider()), job, "m")
+            except ProviderError:
+                return loop.time() - began
+            timed.replied("m", loop.time() - began)
+            return 0.0
+
+        def jobs(n: int, first: int, body: bytes = b"fast") -> list[Job]:
+            return [Job(i, _CHAT, body, 0, None, "m") for i in range(first, first + n)]
+
+        for k in range(3):
+            await asyncio.gather(*map(call, jobs(10, 100 + 10 * k)))
+        slowest = timeouts.slowest_s("m")
+        assert slowest is not None and 0.1 <= slowest < 0.3, slowest  # (a loaded loop: later)
+        assert timeouts.percentile_s("m") == slowest  # (the 30th of 30: 4x it, 0.4 s)
+        cut, *_ = await asyncio.gather(*map(call, jobs(1, 1, b"hang") + jobs(24, 200)))
+        timed.close()
+        return cut / slowest
+
+    took = asyncio.run(main())  # in slowest replies
+    assert 2 <= took < 2 + (_SWEEP_S + 0.05) / 0.1, took
+
+
 def test_a_provider_slowing_down_at_the_tail_is_not_cut(tmp_path: Path) -> None:
     """The provider slows down as the batch ends: its last 16 calls take 30x the p99 learned
     (under the timeout's floor). None outruns another, so none is cut; a tail rule on the

@@ -26,12 +26,18 @@ _SWEEP_S = 0.05
 # for a call that the calls sent around it have outrun: of those sent from a p99 before it
 # on, at least TAIL_AROUND went and at most TAIL_SHARE are still out. The floor is there for
 # stalls of aiq's own loop on a loaded machine, and such a stall (or a provider slowing down
-# as the batch ends) holds their replies back as much as this one's, so it cuts nothing. The
-# multiple of the p99 stays: a long generation is cut no sooner than anywhere else (2x the
-# p99 read 0.943 on the hang row, 4x 0.933; both at target). (The p99 before it: the batch's
-# very last call has none after it.)
+# as the batch ends) holds their replies back as much as this one's, so it cuts nothing.
+# And the multiple: 4x the p99, or TAIL_SLOWEST x the slowest of the last replies (the
+# window's) if that is less. Where replies are alike (the hang row: p99 and slowest both
+# ~0.1 s) a hang is cut at 0.2 s, not 0.4, and it was the run's last retry: the hang row
+# 0.80-0.89 -> 0.89-0.93, in turn. Where they spread, the slowest is well above the p99:
+# at a lognormal's spread (sigma 1, long generations') twice the slowest of 256 is 2.8x the
+# p99, and a reply that slow comes one time in 2,500 (4x the p99: in 10,000); a call cut at
+# the tail is given longer (timeouts.ESCALATE) and left to it. (The p99 before it: the
+# batch's very last call has none after it.)
 TAIL_AROUND = 10
 TAIL_SHARE = 0.1
+TAIL_SLOWEST = 2.0
 
 
 class TimedCalls:
@@ -202,10 +208,11 @@ class TimedCalls:
         the calls sent around them have outrun (TAIL_*). Each is marked as cut so."""
         timeouts, deadlines, found = self.timeouts, self._deadlines, []
         for model, out in self._out.items():
-            p = timeouts.percentile_s(model)
-            if p is None or not out:
+            p, slowest = timeouts.percentile_s(model), timeouts.slowest_s(model)
+            if p is None or slowest is None or not out:
                 continue
-            late = now - timeouts.rule.multiple * p  # (the learned timeout, but its floor)
+            # (The learned timeout, but its floor, and no longer than TAIL_SLOWEST allows.)
+            late = now - min(timeouts.rule.multiple * p, TAIL_SLOWEST * slowest)
             starts = list(out.values())  # in the order the calls went
             for bound, start in out.items():
                 if start > late:

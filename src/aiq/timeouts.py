@@ -68,7 +68,7 @@ class TimeoutRule:
 class _Latencies:
     """One model's recent reply latencies and the timeout they give."""
 
-    __slots__ = ("_p", "_rule", "_samples", "_sent", "_since", "timeout_s")
+    __slots__ = ("_p", "_rule", "_samples", "_sent", "_since", "_slowest", "timeout_s")
 
     def __init__(self, rule: TimeoutRule) -> None:
         self._rule = rule
@@ -76,6 +76,7 @@ class _Latencies:
         self._sent: deque[float] = deque(maxlen=_SENT)  # when its recent calls went, in order
         self._since = 0  # samples since the timeout was last computed
         self._p: float | None = None  # the percentile last computed
+        self._slowest = 0.0  # the window's slowest reply, as of then
         self.timeout_s: float | None = None  # None: too few samples, the ceiling applies
 
     def add(self, latency_s: float, now: float, out: Collection[float]) -> None:
@@ -88,6 +89,7 @@ class _Latencies:
             self._since = 0
             ranked = sorted(self._samples)
             p = self._p = ranked[max(0, math.ceil(self._rule.percentile * n) - 1)]  # nearest
+            self._slowest = ranked[-1]
             trusted = self._still_out(now, p, out) <= OUT_SHARE
         elif (
             self.timeout_s is None and p is not None and len(out) <= OUT_SHARE * self._went(now, p)
@@ -173,6 +175,11 @@ class Timeouts:
         """The p99 of ``model``'s replies behind its learned timeout; None before one is."""
         m = self._models.get(model)
         return None if m is None or m.timeout_s is None else m._p
+
+    def slowest_s(self, model: str | None) -> float | None:
+        """The slowest of ``model``'s recent replies, as of its p99; None before one is."""
+        m = self._models.get(model)
+        return None if m is None or m.timeout_s is None else m._slowest
 
     def sent_after(self, model: str | None, at: float) -> int:
         """How many calls to ``model`` went after ``at``, of those kept: from the last
