@@ -27,7 +27,7 @@ from aiq.requestfile import read_requests
 from aiq.stats import Stats
 from aiq.store import JobStore
 from aiq.timed_calls import _SWEEP_S, TimedCalls
-from aiq.timeouts import FLOOR_S, TimeoutRule, Timeouts
+from aiq.timeouts import ESCALATE, FLOOR_S, TimeoutRule, Timeouts
 from aiq.transport import AiohttpTransport
 from aiq.worker import RetryPolicy, Worker
 
@@ -311,6 +311,60 @@ def test_a_hang_at_the_tail_among_alike_replies_is_cut_at_twice_the_slowest() ->
 
     took = asyncio.run(main())  # in slowest replies
     assert 2 <= took < 2 + (_SWEEP_S + 0.05) / 0.1, took
+
+
+def _after_warmup(burst_s: float, n: int = 30) -> list[float | None]:
+    """40 calls answered in 50 ms teach the timeout (its floor), then ``n`` go at once, each
+    answered in ``burst_s``; mid-run (more waits to be sent). How long each of those was out
+    when cut (None: answered)."""
+
+    class Provider:
+        async def send(self, endpoint: str, body: bytes) -> Reply:
+            await asyncio.sleep(burst_s if body == b"burst" else 0.05)
+            return cast(Reply, body)
+
+    async def main() -> list[float | None]:
+        timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+        timed = TimedCalls(timeouts, max_attempts=5)
+        loop = asyncio.get_running_loop()
+
+        async def call(job: Job) -> float | None:
+            began = loop.time()
+            try:
+                await timed.send(cast(Any, Provider()), job, "m")
+            except ProviderError:
+                return loop.time() - began
+            timed.replied("m", loop.time() - began)
+            return None
+
+        def jobs(n: int, first: int, body: bytes) -> list[Job]:
+            return [Job(i, _CHAT, body, 0, None, "m") for i in range(first, first + n)]
+
+        for k in range(4):
+            await asyncio.gather(*map(call, jobs(10, 100 + 10 * k, b"fast")))
+        assert timeouts.learned_s("m") == FLOOR_S
+        try:
+            return await asyncio.gather(*map(call, jobs(n, 1, b"burst")))
+        finally:
+            timed.close()
+
+    return asyncio.run(main())
+
+
+def test_a_provider_slowing_down_mid_run_is_not_cut() -> None:
+    """Every call out takes 0.8 s where the timeout learned is 0.5 s, and no reply comes in
+    between to say so: the calls around each are out too (timed_calls SLOW_SHARE), so none
+    is a hang; each is given longer once, and all are answered. Before, all 30 were cut at
+    0.5 s, each billed twice."""
+    assert _after_warmup(0.8) == [None] * 30
+
+
+def test_a_provider_hanging_every_call_is_still_cut() -> None:
+    """Every call out hangs: held once as a slowdown, to ESCALATE times as long as each was
+    out (0.5 s -> 2 s), then cut, not left to the 600 s ceiling."""
+    took = [t for t in _after_warmup(30.0) if t is not None]
+    assert len(took) == 30
+    assert all(ESCALATE * FLOOR_S <= t < ESCALATE * FLOOR_S + _SWEEP_S + 0.25 for t in took), took
 
 
 def test_a_provider_slowing_down_at_the_tail_is_not_cut(tmp_path: Path) -> None:

@@ -38,6 +38,14 @@ _SWEEP_S = 0.05
 TAIL_AROUND = 10
 TAIL_SHARE = 0.1
 TAIL_SLOWEST = 2.0
+# Past its learned timeout, a call is a hang if the calls sent around it came back; where
+# more than SLOW_SHARE of them are out too (those sent from a p99 before it to a p99 ago),
+# the provider has slowed down, and a call cut then is billed twice, its reply on the way.
+# Such a call is held once, to ESCALATE times as long as it has been out: the replies that
+# come meanwhile teach the slower timeout, or take the learned one back (OUT_SHARE), and a
+# provider that hangs every call is still cut, later. (Before, a slowdown with no reply in
+# between cut every call out at the old timeout.)
+SLOW_SHARE = 0.5
 
 
 class TimedCalls:
@@ -70,6 +78,7 @@ class TimedCalls:
         self._connecting: set[asyncio.Timeout] = set()  # calls waiting for a connection
         self._wired: dict[asyncio.Timeout, float] = {}  # ...and when those got one
         self._timed: set[str | None] = set()  # models whose calls were given a learned timeout
+        self._held: set[asyncio.Timeout] = set()  # past it in a slowdown, given longer once
 
     def close(self) -> None:
         """The run's calls are over: no sweep is left for a later run."""
@@ -124,6 +133,8 @@ class TimedCalls:
         finally:
             if self._tail_cut:
                 self._tail_cut.discard(bound)
+            if self._held:
+                self._held.discard(bound)
             if cuts:
                 self._longer.discard(bound)
 
@@ -196,12 +207,39 @@ class TimedCalls:
         deadlines = self._deadlines
         connecting = self._connecting
         due = [b for b, at in deadlines.items() if at <= now and b not in connecting]
+        if due:
+            due = self._hangs(due, now)
         if self._drained():
             due.extend(self._stragglers(now))
         for bound in due:
             if deadlines.pop(bound, None) is not None:
                 bound.reschedule(now)
         self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if deadlines else None
+
+    def _hangs(self, due: list[asyncio.Timeout], now: float) -> list[asyncio.Timeout]:
+        """Of the calls past their learned timeout, those to cut: all but the ones that the
+        calls sent around them have not outrun (SLOW_SHARE), held once, to ESCALATE times as
+        long as they have been out."""
+        timeouts, deadlines, held = self.timeouts, self._deadlines, self._held
+        pending = set(due)
+        for model, out in self._out.items():
+            p = timeouts.percentile_s(model)
+            if p is None:
+                continue
+            starts: list[float] = []
+            for bound, start in out.items():
+                if bound not in pending or bound in held:
+                    continue
+                starts = starts or list(out.values())  # in the order the calls went
+                since, until = start - p, now - p
+                went = timeouts.sent_after(model, since) - timeouts.sent_after(model, until) - 1
+                left = bisect.bisect_right(starts, until) - bisect.bisect_left(starts, since) - 1
+                if went > 0 and left > SLOW_SHARE * went:
+                    pending.discard(bound)
+                    held.add(bound)
+                    took_s = now - self._wired.get(bound, start)
+                    deadlines[bound] = now + (timeouts.rule.escalate - 1) * took_s
+        return [b for b in due if b in pending]
 
     def _stragglers(self, now: float) -> list[asyncio.Timeout]:
         """At the batch's tail: the calls out past their learned timeout but its floor that
