@@ -43,9 +43,9 @@ class SpreadServer(FakeServer):
     def __init__(self, *, mean_s: float, spread_s: float, seed: int = 0, **knobs: object) -> None:
         self._mean_s, self._spread_s = mean_s, spread_s
         self._rng = random.Random(seed)
-        super().__init__(**knobs)  # type: ignore[arg-type]
+        super().__init__(**knobs)
 
-    @property  # type: ignore[override]
+    @property
     def latency_s(self) -> float:  # read once per request by the handler
         return self._rng.uniform(self._mean_s - self._spread_s, self._mean_s + self._spread_s)
 

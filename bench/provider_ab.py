@@ -96,7 +96,7 @@ def main() -> None:
             server.stdin.close()
             server.wait()
     for label, values in times.items():
-        row = {"tree": label, "src": labelled[label]}
+        row: dict[str, object] = {"tree": label, "src": labelled[label]}
         row["median_us_per_req"] = round(statistics.median(values))
         row["min_us_per_req"] = round(min(values))
         row["batches"] = [round(v) for v in values]
