@@ -198,6 +198,34 @@ def first(replies: list[Callable[[str], Reply]]) -> Script:
 
 
 # -- success -------------------------------------------------------------------------------------
+def test_auto_starts_no_more_senders_than_jobs_are_left(tmp_path: Path) -> None:
+    """Told only a tokens limit, auto's size is its bound (20,000 on a big machine) until a
+    request's cost is known: 10 jobs get 10 sender tasks, not a task per slot of the bound
+    (20,000 held the loop 0.1 s as the run began, and the first paced slot went that late)."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"prompt": f"p{i}"}) + b"\n" for i in range(10)))
+    tasks: list[int] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        tasks.append(len(asyncio.all_tasks()))
+        return completion(orjson.loads(request.content)["messages"][-1]["content"])
+
+    async def scenario() -> Progress:
+        store = await JobStore.open(tmp_path / "aiq.db")
+        try:
+            source = await store.add_source(str(path), out_path="o", dead_path="d")
+            await add_file(store, source, read_requests(path, Defaults(model="m")))
+            provider = OpenAIProvider(httpx.MockTransport(answer), base_url=BASE_URL, api_key=KEY)
+            worker = Worker(
+                store, provider, concurrency=None, max_concurrency=5_000,
+                limiter=RateLimiter(tpm=6_000_000), progress=Progress(total=10),
+            )  # fmt: skip
+            return await asyncio.wait_for(worker.run(), 10)
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()).done == 10
+    assert max(tasks) <= 10 + 5, tasks  # the senders, the run's own and the store's (12 here)
 
 
 def test_200_is_recorded_as_sent_and_counted(tmp_path: Path) -> None:
