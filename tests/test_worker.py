@@ -198,10 +198,12 @@ def first(replies: list[Callable[[str], Reply]]) -> Script:
 
 
 # -- success -------------------------------------------------------------------------------------
-def test_auto_starts_no_more_senders_than_jobs_are_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("concurrency", [None, 2_000], ids=["auto", "fixed"])
+def test_no_more_senders_start_than_jobs_are_left(tmp_path: Path, concurrency: int | None) -> None:
     """Told only a tokens limit, auto's size is its bound (20,000 on a big machine) until a
     request's cost is known: 10 jobs get 10 sender tasks, not a task per slot of the bound
-    (20,000 held the loop 0.1 s as the run began, and the first paced slot went that late)."""
+    (20,000 held the loop 0.1 s as the run began, and the first paced slot went that late).
+    A fixed --concurrency larger than the batch, the same."""
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(b"".join(orjson.dumps({"prompt": f"p{i}"}) + b"\n" for i in range(10)))
     tasks: list[int] = []
@@ -217,7 +219,7 @@ def test_auto_starts_no_more_senders_than_jobs_are_left(tmp_path: Path) -> None:
             await add_file(store, source, read_requests(path, Defaults(model="m")))
             provider = OpenAIProvider(httpx.MockTransport(answer), base_url=BASE_URL, api_key=KEY)
             worker = Worker(
-                store, provider, concurrency=None, max_concurrency=5_000,
+                store, provider, concurrency=concurrency, max_concurrency=5_000,
                 limiter=RateLimiter(tpm=6_000_000), progress=Progress(total=10),
             )  # fmt: skip
             return await asyncio.wait_for(worker.run(), 10)

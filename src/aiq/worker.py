@@ -119,11 +119,10 @@ class Worker:
 
     async def run(self) -> Progress:
         """Work until nothing is queued, a fatal error, or ``stop()``; then release leftovers."""
-        auto = self._auto
-        self._add_senders(self._dispatch.concurrency if auto is None else self._auto_senders())
-        senders = self._senders  # grows while it runs, under --concurrency auto
+        self._add_senders(self._senders_wanted())
+        senders = self._senders  # grows while it runs, with auto's size and the jobs left
         try:
-            await self._dispatch.run(None if auto is None else self._tick)
+            await self._dispatch.run(self._tick)
         finally:
             self._dispatch.end(len(senders))
             # Senders only exit via the sentinel once the store loop has ended, or on cancel.
@@ -173,22 +172,21 @@ class Worker:
         for _ in range(wanted - len(self._senders)):
             self._senders.append(asyncio.create_task(self._send_loop()))
 
-    def _auto_senders(self) -> int:
-        """The sender tasks --concurrency auto wants, but no more than jobs are left: told only
-        --tpm, its size is the machine's bound until a request's cost is known, and 20,000
-        tasks started for 70 jobs held the loop for 0.1 s, the first request's pace slot
-        with it (tests/test_limits.py). (A total not counted yet: no cap.)"""
-        assert self._auto is not None
-        p, wanted = self.progress, self._auto.senders
+    def _senders_wanted(self) -> int:
+        """The sender tasks the concurrency wants, but no more than jobs are left: told only
+        --tpm, auto's size is the machine's bound until a request's cost is known, and
+        20,000 tasks started for 70 jobs held the loop for 0.1 s, the first request's pace
+        slot with it (tests/test_limits.py). (A total not counted yet: no cap.)"""
+        auto, p = self._auto, self.progress
+        wanted = self._dispatch.concurrency if auto is None else auto.senders
         return min(wanted, max(1, p.total - p.done - p.dead)) if p.total else wanted
 
     def _tick(self) -> None:
-        """Before each store cycle: --concurrency auto reconsiders its size (and jobs added
-        since the last count may want more senders)."""
-        assert self._auto is not None
-        if self._auto.tick():
+        """Before each store cycle: --concurrency auto reconsiders its size, and jobs added
+        since the last count (`aiq add`) may want more senders."""
+        if self._auto is not None and self._auto.tick():
             self._resized()
-        elif len(self._senders) < (wanted := self._auto_senders()):
+        elif len(self._senders) < (wanted := self._senders_wanted()):
             self._add_senders(wanted)
 
     def _resized(self) -> None:
@@ -197,7 +195,7 @@ class Worker:
         assert auto is not None
         self._dispatch.concurrency = self.progress.concurrency = auto.size
         self.progress.held_by = auto.held_by
-        self._add_senders(self._auto_senders())
+        self._add_senders(self._senders_wanted())
 
     async def _send_loop(self) -> None:
         dispatch, send, auto = self._dispatch, self._sender.send, self._auto
