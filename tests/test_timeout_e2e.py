@@ -310,7 +310,9 @@ def test_a_hang_at_the_tail_among_alike_replies_is_cut_at_twice_the_slowest() ->
         return cut / slowest
 
     took = asyncio.run(main())  # in slowest replies
-    assert 2 <= took < 2 + (_SWEEP_S + 0.05) / 0.1, took
+    # The sweep's period late at most, and a stall of a loaded machine's loop (0.1 s): 4x the
+    # p99 read 4.5 here.
+    assert 2 <= took < 2 + (_SWEEP_S + 0.1) / 0.1, took
 
 
 def _after_warmup(burst_s: float, n: int = 30) -> list[float | None]:
@@ -364,7 +366,7 @@ def test_a_provider_hanging_every_call_is_still_cut() -> None:
     out (0.5 s -> 2 s), then cut, not left to the 600 s ceiling."""
     took = [t for t in _after_warmup(30.0) if t is not None]
     assert len(took) == 30
-    assert all(ESCALATE * FLOOR_S <= t < ESCALATE * FLOOR_S + _SWEEP_S + 0.25 for t in took), took
+    assert all(ESCALATE * FLOOR_S <= t < ESCALATE * FLOOR_S + _SWEEP_S + 0.5 for t in took), took
 
 
 def test_a_provider_slowing_down_at_the_tail_is_not_cut(tmp_path: Path) -> None:
