@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -229,84 +230,77 @@ def test_a_hang_at_the_batchs_tail_is_cut_once_the_calls_around_it_are_back(
     assert len(hung) == 1 and hung[0] < 0.8 * FLOOR_S, hung  # ~0.1 s
 
 
+class _Sleeper:
+    """A provider that answers each body after the seconds ``delays`` names for it
+    (``default`` for any other)."""
+
+    def __init__(self, delays: dict[bytes, float], default: float) -> None:
+        self._delays, self._default = delays, default
+
+    async def send(self, endpoint: str, body: bytes) -> Reply:
+        await asyncio.sleep(self._delays.get(body, self._default))
+        return cast(Reply, body)
+
+
+async def _call(timed: TimedCalls, provider: _Sleeper, job: Job) -> float | None:
+    """Send ``job`` (model "m") through ``timed``: how long it was out when cut, or None if
+    answered (its latency fed back, as the sender does)."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        await timed.send(cast(Any, provider), job, "m")
+    except ProviderError:
+        return loop.time() - began
+    timed.replied("m", loop.time() - began)
+    return None
+
+
+def _jobs(n: int, first: int, body: bytes = b"fast", attempts: int = 0) -> list[Job]:
+    return [Job(i, _CHAT, body, attempts, None, "m") for i in range(first, first + n)]
+
+
 def test_a_slow_call_cut_at_the_tail_is_given_longer_next_time() -> None:
     """A call 30x slower than the rest (under the floor: only the tail's rule cuts it) is cut
     once the calls around it are back; sent again among as many fast ones, it is left to its
     longer timeout (timeouts.ESCALATE) and finishes, not cut at every attempt."""
+    provider = _Sleeper({b"slow": 0.3}, 0.01)
 
-    class Provider:
-        async def send(self, endpoint: str, body: bytes) -> Reply:
-            await asyncio.sleep(0.3 if body == b"slow" else 0.01)
-            return cast(Reply, body)
-
-    async def main() -> list[str]:
+    async def main() -> list[bool]:
         timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
         timed = TimedCalls(timeouts, max_attempts=5, drained=lambda: True)
-        loop = asyncio.get_running_loop()
-
-        async def call(job: Job) -> str:
-            began = loop.time()
-            try:
-                await timed.send(cast(Any, Provider()), job, "m")
-            except ProviderError:
-                return "cut"
-            timed.replied("m", loop.time() - began)
-            return "ok"
-
-        def jobs(n: int, first: int) -> list[Job]:
-            return [
-                Job(i, "/v1/chat/completions", b"fast", 0, None, "m")
-                for i in range(first, first + n)
-            ]
-
+        call = partial(_call, timed, provider)
         for k in range(3):  # the p99 learned: ~10 ms, the timeout its floor
-            await asyncio.gather(*map(call, jobs(10, 100 + 10 * k)))
+            await asyncio.gather(*map(call, _jobs(10, 100 + 10 * k)))
         assert timeouts.learned_s("m") == FLOOR_S
-        seen = []
+        cut = []
         for attempt in (0, 1):
-            slow = Job(1, _CHAT, b"slow", attempt, None, "m")
-            done = await asyncio.gather(call(slow), *map(call, jobs(24, 200 + 100 * attempt)))
-            seen.append(done[0])
+            slow = _jobs(1, 1, b"slow", attempt)
+            done = await asyncio.gather(*map(call, slow + _jobs(24, 200 + 100 * attempt)))
+            cut.append(done[0] is not None)
         timed.close()
-        return seen
+        return cut
 
-    assert asyncio.run(main()) == ["cut", "ok"]
+    assert asyncio.run(main()) == [True, False]
 
 
 def test_a_hang_at_the_tail_among_alike_replies_is_cut_at_twice_the_slowest() -> None:
     """Replies all take 0.1 s, so the p99 and the slowest are both 0.1 s: a hang at the tail,
     its neighbours back, is cut at twice the slowest reply (timed_calls TAIL_SLOWEST), not
     at 4x the p99 (0.4 s: its retry was the hang row's last send)."""
-
-    class Provider:
-        async def send(self, endpoint: str, body: bytes) -> Reply:
-            await asyncio.sleep(30 if body == b"hang" else 0.1)
-            return cast(Reply, body)
+    provider = _Sleeper({b"hang": 30.0}, 0.1)
 
     async def main() -> float:
         timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
         timed = TimedCalls(timeouts, max_attempts=5, drained=lambda: True)
-        loop = asyncio.get_running_loop()
-
-        async def call(job: Job) -> float:
-            began = loop.time()
-            try:
-                await timed.send(cast(Any, Provider()), job, "m")
-            except ProviderError:
-                return loop.time() - began
-            timed.replied("m", loop.time() - began)
-            return 0.0
-
-        def jobs(n: int, first: int, body: bytes = b"fast") -> list[Job]:
-            return [Job(i, _CHAT, body, 0, None, "m") for i in range(first, first + n)]
-
+        call = partial(_call, timed, provider)
         for k in range(3):
-            await asyncio.gather(*map(call, jobs(10, 100 + 10 * k)))
+            await asyncio.gather(*map(call, _jobs(10, 100 + 10 * k)))
         slowest = timeouts.slowest_s("m")
         assert slowest is not None and 0.1 <= slowest < 0.3, slowest  # (a loaded loop: later)
         assert timeouts.percentile_s("m") == slowest  # (the 30th of 30: 4x it, 0.4 s)
-        cut, *_ = await asyncio.gather(*map(call, jobs(1, 1, b"hang") + jobs(24, 200)))
+        cut, *_ = await asyncio.gather(*map(call, _jobs(1, 1, b"hang") + _jobs(24, 200)))
         timed.close()
+        assert cut is not None
         return cut / slowest
 
     took = asyncio.run(main())  # in slowest replies
@@ -319,34 +313,17 @@ def _after_warmup(burst_s: float, n: int = 30) -> list[float | None]:
     """40 calls answered in 50 ms teach the timeout (its floor), then ``n`` go at once, each
     answered in ``burst_s``; mid-run (more waits to be sent). How long each of those was out
     when cut (None: answered)."""
-
-    class Provider:
-        async def send(self, endpoint: str, body: bytes) -> Reply:
-            await asyncio.sleep(burst_s if body == b"burst" else 0.05)
-            return cast(Reply, body)
+    provider = _Sleeper({b"burst": burst_s}, 0.05)
 
     async def main() -> list[float | None]:
         timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
         timed = TimedCalls(timeouts, max_attempts=5)
-        loop = asyncio.get_running_loop()
-
-        async def call(job: Job) -> float | None:
-            began = loop.time()
-            try:
-                await timed.send(cast(Any, Provider()), job, "m")
-            except ProviderError:
-                return loop.time() - began
-            timed.replied("m", loop.time() - began)
-            return None
-
-        def jobs(n: int, first: int, body: bytes) -> list[Job]:
-            return [Job(i, _CHAT, body, 0, None, "m") for i in range(first, first + n)]
-
+        call = partial(_call, timed, provider)
         for k in range(4):
-            await asyncio.gather(*map(call, jobs(10, 100 + 10 * k, b"fast")))
+            await asyncio.gather(*map(call, _jobs(10, 100 + 10 * k)))
         assert timeouts.learned_s("m") == FLOOR_S
         try:
-            return await asyncio.gather(*map(call, jobs(n, 1, b"burst")))
+            return await asyncio.gather(*map(call, _jobs(n, 1, b"burst")))
         finally:
             timed.close()
 
