@@ -25,7 +25,7 @@ from aiq import backoff
 from aiq.limiter import RateLimiter, Ticket
 from aiq.refusal_limit import LATE_S
 from aiq.refusals import RefusalStreak
-from aiq.window_sync import TURN_MARGIN_S
+from aiq.window_turn import TURN_MARGIN_S
 
 HINTS = ("retry-after", "retry-after-whole", "llm_provider", None)
 LATENCY_S = 0.05

@@ -25,13 +25,8 @@ from .count_phase import CountedTurns
 from .outside_share import OutsideShare
 from .reset_turn import ResetTurn
 from .window_shape import WindowShape
-from .window_sync import (
-    CALENDAR_MARGIN_S,
-    EPSILON_S,
-    TURN_MARGIN_S,
-    WINDOW_S,
-    WindowSync,
-)
+from .window_sync import EPSILON_S, WINDOW_S, WindowSync
+from .window_turn import CALENDAR_MARGIN_S, TURN_MARGIN_S
 
 __all__ = [
     "CALENDAR_MARGIN_S",

@@ -20,7 +20,7 @@ from .ratelimit_headers import RateLimitInfo, StatedLimit, Window
 from .refusal_limit import RefusalLimit
 from .slot_waits import SlotWaits
 from .split_tokens import SplitTokens
-from .window_sync import early_in_minute
+from .window_turn import early_in_minute
 
 # Told a limit, this share of it sent in a window before a 429 is the limit met.
 _MET = 0.8

@@ -6,8 +6,8 @@ the start), what it holds may go at once and another client's share of its refil
 (:class:`_Share`); a sliding window (Kong's) is followed as a bucket of its count (which kind
 a window is: :mod:`aiq.window_shape`); any other window (per-second or 10-second enforcement,
 a calendar minute, a day's count) caps what may go before its reset, where the pace starts
-over. The budget's
-own half (pace, guard, log) is in :mod:`aiq.budget`; this is the half that reads the provider.
+over (when such a window turns: :mod:`aiq.window_turn`). The budget's own half (pace, guard,
+log) is in :mod:`aiq.budget`; this is the half that reads the provider.
 """
 
 from __future__ import annotations
@@ -15,35 +15,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .booking_log import Booking, BookingLog
-from .count_phase import CountedTurns
-from .outside_share import OutsideShare
+from .booking_log import Booking
 from .ratelimit_headers import Window
-from .reset_turn import ResetTurn
 from .window_shape import SHORT_WINDOW_S, WINDOW_S, WindowShape
+from .window_turn import WindowTurn, early_in_minute
 
 # A booking leaves the window a hair after it is 60 s old, so float rounding never keeps it in.
 EPSILON_S = 1e-6
-# How far a server's clock may be behind ours: a 429 to a request sent this soon after the
-# clock's minute turned is the old minute's count (its senders wait this long after the
-# turn), and a window that shows neither reset nor limit (Azure's) is guessed to turn this
-# long after the clock's minute.
-CALENDAR_MARGIN_S = 0.5
-# A calendar minute the headers show (LiteLLM's router: what is left, no reset; its cache
-# key is the UTC minute) is taken to turn this long after the clock's minute, its pace
-# starting over; its first request not refused by the time a 429 would be back lets the
-# minute's count go (Budget.let_in_turn), else the first reply does. NTP keeps clocks within
-# tens of milliseconds. At half a second and a reply, every turn cost 0.7 s (bench
-# c-litellm-configured 0.925). A turn no header shows is looked at this long after it too,
-# one request first (aiq.refusal_limit): a server whose clock is further behind costs that
-# one 429 and two seconds.
-TURN_MARGIN_S = 0.1
 # Senders booked ahead are let go into what a window says is left at most this often: each
 # time wakes every sender. (Whether there is room is looked at on every reply: it costs a sum.)
 REBOOK_EVERY_S = 0.025
-# A window that shows neither reset nor limit, its turn not yet named by a 429, is looked at
-# again this long after its last sample.
-LOOK_S = 1.0
 
 
 def _short(remaining: float, reset_s: float, limit: float) -> bool:
@@ -53,48 +34,32 @@ def _short(remaining: float, reset_s: float, limit: float) -> bool:
     return reset_s <= SHORT_WINDOW_S and remaining <= limit * SHORT_WINDOW_S / WINDOW_S + 1
 
 
-def early_in_minute(since_turn_s: float) -> bool:
-    """Whether a request sent ``since_turn_s`` after the clock's minute turned, and refused
-    by a calendar minute's count, was sent before the server's own turn: its clock behind
-    ours by up to CALENDAR_MARGIN_S. (Its 429 is the old minute's count: no burst refused.)"""
-    return 0.0 <= since_turn_s < CALENDAR_MARGIN_S
-
-
-class WindowSync:
+class WindowSync(WindowTurn):
     """:class:`~aiq.budget.Budget`'s reading of the provider's samples (its state is set
-    and documented in ``Budget.__init__``)."""
+    and documented in ``Budget.__init__``; the attributes the turn reads, in
+    :class:`~aiq.window_turn.WindowTurn`)."""
 
-    per_minute: float
     presumed: bool
     shown: bool
     stated: bool
-    implied: bool
-    resetless: bool
     burst: bool
     burst_off: bool
     _headroom: float
     _ceiling: float
-    _log: BookingLog
     _guard: bool
-    _calendar: bool
     _bucket: bool
     _shape: WindowShape
     _capacity: float
     _refill: float
     _own_full_at: float
     _seen_full_at: float
-    _outside: OutsideShare
     _booked_refill: float
     _cap_left: float
     _cap_until: float
     _fresh_at: float
-    _peak: float
     _rebook_check_at: float
-    _anchor_at: float
     _turn_at: float
-    _reset_turn: ResetTurn
     _woken_until: float
-    _counted: CountedTurns
 
     if TYPE_CHECKING:
 
@@ -168,99 +133,6 @@ class WindowSync:
         # (A hair after the turn, so a boundary's float rounding never counts it as before.)
         return self._sync_window(now, remaining, now + EPSILON_S + turn_s, entry) or rebook
 
-    def _shows_calendar(self, reported: Window) -> bool:
-        """Whether a sample is a calendar minute's count: a limit, no reset (LiteLLM's
-        router; Azure's shows no limit, or one only implied)."""
-        return reported.reset_s is None and reported.limit is not None and not self.implied
-
-    def _turn_in_s(
-        self,
-        now: float,
-        reported: Window,
-        entry: Booking | None,
-        sent_at: float | None,
-        remaining: float,
-        window_limit: float,
-        minute_left_s: float,
-        refused: bool,
-    ) -> float:
-        """Seconds to the turn of a window that is no bucket: its reset (as
-        :class:`~aiq.reset_turn.ResetTurn` pins it from this and earlier samples); a calendar
-        minute's TURN_MARGIN_S after the clock's; one showing neither reset nor limit, as
-        :meth:`_turn_s` finds it."""
-        if self._shows_calendar(reported):
-            return minute_left_s + TURN_MARGIN_S
-        sent_at = now if sent_at is None else sent_at  # (a reply is a latency old)
-        if reported.reset_s is not None:
-            if refused:
-                self._reset_turn.refused(sent_at)
-            turn_at = self._reset_turn.turn_at(sent_at, now, reported.reset_s)
-            return self._counted_turn(now, entry, reported, remaining, refused, turn_at) - now
-        self.resetless = True
-        minute_s = minute_left_s + CALENDAR_MARGIN_S
-        return self._turn_s(now, sent_at, remaining, window_limit, minute_s)
-
-    def _counted_turn(
-        self,
-        now: float,
-        entry: Booking | None,
-        reported: Window,
-        remaining: float,
-        refused: bool,
-        turn_at: float,
-    ) -> float:
-        """``turn_at``, or sooner where a second's window's counts say
-        (:class:`~aiq.count_phase.CountedTurns`). Requests only: a token booking is an
-        estimate."""
-        if not (self._outside.learns and entry is not None):
-            return turn_at
-        period_s = self._span_s(reported)
-        return self._counted.turn_at(
-            turn_at,
-            sent_at=entry.at,
-            now=now,
-            reset_s=float(reported.reset_s or 0.0),
-            period_s=period_s,
-            remaining=remaining,
-            count_limit=float(reported.limit or self.per_minute) * period_s / WINDOW_S,
-            refused=refused,
-            sent_between=self._log.booked,
-        )
-
-    def _turn_s(
-        self, now: float, sent_at: float, remaining: float, window_limit: float, minute_s: float
-    ) -> float:
-        """Seconds to the turn of a window that shows neither reset nor limit: the clock's
-        next minute (``minute_s``), as a calendar minute's count, unless it was never seen
-        to hold half the limit. Then it is shorter (Azure evaluates over 1 or 10 s windows
-        and names only what is left; a minute's cap on a 10 s window sent a sixth of the
-        quota): as long as what it holds at most implies, turning that long after one a 429
-        named (:meth:`anchor`), from the request the sample answers. With none named yet,
-        requests look again a second on: the first one refused names it (Azure's
-        ``retry-after-ms``). One that shows its limit (LiteLLM's router) counts its calendar
-        minute."""
-        most = max(self._peak, remaining) + 1.0  # (and the request that saw it)
-        if most >= window_limit / 2:
-            return minute_s
-        span_s = WINDOW_S * most / window_limit
-        if self._anchor_at == -math.inf:
-            return min(span_s, LOOK_S)  # (its 429 names the turn: anchored from then)
-        # The first turn after the request it answers went (one since is past: the sample is
-        # the old window's, and the new one is open).
-        turns = max(0, math.ceil((sent_at - self._anchor_at) / span_s))
-        return self._anchor_at + turns * span_s - now
-
-    @property
-    def calendar(self) -> bool:
-        """Whether the last sample showed a calendar minute's count (a limit, no reset:
-        LiteLLM's router)."""
-        return self._calendar
-
-    def anchor(self, turn_at: float) -> None:
-        """A 429 named when the window turns (its exact ``retry-after``): a window that shows
-        no reset turns then, and every span after."""
-        self._anchor_at = turn_at
-
     def _take_window(self, remaining: float, reset: float | None, window_limit: float) -> bool:
         """What kind of window a sample shows: the limit's own (True) or a ceiling over it;
         its refill, guard, whether a bucket. The last sample's cap is cleared."""
@@ -309,10 +181,6 @@ class WindowSync:
                 self._bucket = True
                 return limit * min(span_s, WINDOW_S) / WINDOW_S
         return limit if self._bucket else None
-
-    def _span_s(self, reported: Window) -> float:
-        """How long the window is: as the headers name it, else no shorter than its resets."""
-        return reported.span_s or self._reset_turn.longest_s
 
     @property
     def slides(self) -> bool:
