@@ -346,6 +346,33 @@ def test_a_provider_hanging_every_call_is_still_cut() -> None:
     assert all(ESCALATE * FLOOR_S <= t < ESCALATE * FLOOR_S + _SWEEP_S + 0.5 for t in took), took
 
 
+def test_hangs_that_took_the_timeout_back_are_cut_when_no_reply_comes() -> None:
+    """Three hangs among the batch's last ten calls are more out than a p99 leaves (aiq.
+    timeouts OUT_SHARE): the learned timeout is taken back and they go to the ceiling. No
+    reply comes after the last fast one to look again; the sweep does, and once the calls
+    out all went long enough ago to be hangs, not a burst's slow half, they are cut. Before,
+    they were waited out (a loaded suite: the 30 s hangs of the test above, 31 s)."""
+    provider = _Sleeper({b"hang": 5.0}, 0.01)
+
+    async def main() -> list[float | None]:
+        timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+        timed = TimedCalls(timeouts, max_attempts=5)
+        call = partial(_call, timed, provider)
+        for k in range(3):
+            await asyncio.gather(*map(call, _jobs(10, 100 + 10 * k)))
+        assert timeouts.learned_s("m") == FLOOR_S
+        try:
+            return await asyncio.gather(*map(call, _jobs(3, 1, b"hang") + _jobs(7, 200)))
+        finally:
+            timed.close()
+
+    took = asyncio.run(main())
+    assert took[3:] == [None] * 7
+    # (Trusted again 10x the p99 after they went, past the floor by then: cut at the floor,
+    # a sweep late, and a loaded loop's stall.)
+    assert all(t is not None and FLOOR_S <= t < FLOOR_S + _SWEEP_S + 0.5 for t in took[:3]), took
+
+
 def test_a_provider_slowing_down_at_the_tail_is_not_cut(tmp_path: Path) -> None:
     """The provider slows down as the batch ends: its last 16 calls take 30x the p99 learned
     (under the timeout's floor). None outruns another, so none is cut; a tail rule on the

@@ -79,6 +79,10 @@ class TimedCalls:
         self._wired: dict[asyncio.Timeout, float] = {}  # ...and when those got one
         self._timed: set[str | None] = set()  # models whose calls were given a learned timeout
         self._held: set[asyncio.Timeout] = set()  # past it in a slowdown, given longer once
+        # Models whose timeout was taken back (OUT_SHARE): each sweep looks again, for a reply
+        # may never come to. At a batch's tail a few hangs out of a few dozen calls took it
+        # back, no reply came after, and they were waited out to the ceiling.
+        self._doubted: set[str | None] = set()
 
     def close(self) -> None:
         """The run's calls are over: no sweep is left for a later run."""
@@ -204,6 +208,10 @@ class TimedCalls:
         """Cut the calls past their learned timeout (a TimeoutError in each, from asyncio's
         own timeout); look again in _SWEEP_S while any call has one."""
         now = loop.time()
+        for model in list(self._doubted):
+            out = self._out.get(model, {})
+            if self.timeouts.look_again(model, now=now, out=out.values()):
+                self._retime(model)
         deadlines = self._deadlines
         connecting = self._connecting
         due = [b for b, at in deadlines.items() if at <= now and b not in connecting]
@@ -214,7 +222,8 @@ class TimedCalls:
         for bound in due:
             if deadlines.pop(bound, None) is not None:
                 bound.reschedule(now)
-        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if deadlines else None
+        looking = deadlines or self._doubted
+        self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop) if looking else None
 
     def _hangs(self, due: list[asyncio.Timeout], now: float) -> list[asyncio.Timeout]:
         """Of the calls past their learned timeout, those to cut: all but the ones that the
@@ -273,22 +282,30 @@ class TimedCalls:
         out = self._out.get(model, {})
         now = asyncio.get_running_loop().time()
         self.timeouts.observe(model, latency_s, now=now, out=out.values())
-        limit_s = self.timeouts.timeout_s(model)
-        if limit_s is None:
+        if self.timeouts.timeout_s(model) is None:
             if model in self._timed:
                 self._untime(model, out)
             return
+        self._retime(model)
+
+    def _retime(self, model: str | None) -> None:
+        """The model's timeout is learned (again): the calls sent before it go under it,
+        swept as the calls sent under it are (those already past it at the next sweep), and
+        looked at as the tail's are."""
         self._timed.add(model)
+        self._doubted.discard(model)
+        limit_s = self.timeouts.timeout_s(model)
         untimed = self._untimed.get(model)
-        if untimed:
-            # Under the learned timeout from now on, swept as the calls sent under it are
-            # (those already past it at the next sweep), and looked at as the tail's are.
+        if untimed and limit_s is not None:
             for bound, start in untimed.items():
                 self._deadlines[bound] = start + limit_s
             untimed.clear()
-            if self._sweeper is None:
-                loop = asyncio.get_running_loop()
-                self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
+            self._sweep_soon()
+
+    def _sweep_soon(self) -> None:
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(_SWEEP_S, self._sweep, loop)
 
     def _untime(self, model: str | None, out: dict[asyncio.Timeout, float]) -> None:
         """The model's timeout is no longer trusted (aiq.timeouts OUT_SHARE: more calls out
@@ -298,6 +315,8 @@ class TimedCalls:
         the burst's own came into it: the calls the burst sent kept 4x the fast p99, and a
         fifth to a third of 300 were cut (bench/concurrency.py spread-burst)."""
         self._timed.discard(model)
+        self._doubted.add(model)
+        self._sweep_soon()
         untimed = self._untimed.setdefault(model, {})
         deadlines, longer, wired = self._deadlines, self._longer, self._wired
         for bound, start in out.items():

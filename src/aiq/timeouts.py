@@ -101,6 +101,16 @@ class _Latencies:
             return
         self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p) if trusted else None
 
+    def look_again(self, now: float, out: Collection[float]) -> bool:
+        """Whether the percentile held back (OUT_SHARE) is trusted now, with no new reply.
+        Once the calls still out all went over _SPAN x p ago, none of them is a burst's
+        slower half still to come: they are hangs, and only a reply looked again before."""
+        p = self._p
+        if self.timeout_s is not None or p is None or self._still_out(now, p, out) > OUT_SHARE:
+            return False
+        self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p)
+        return True
+
     def sent(self, at: float) -> None:
         self._sent.append(at)
 
@@ -153,6 +163,12 @@ class Timeouts:
         when the model's calls still out were sent (as :meth:`sending` was told), on the
         clock ``now`` reads (OUT_SHARE)."""
         self._model(model).add(latency_s, now, out)
+
+    def look_again(self, model: str | None, *, now: float, out: Collection[float]) -> bool:
+        """With no new reply, whether ``model``'s timeout, held back by the calls out
+        (OUT_SHARE), is trusted now (``now`` and ``out`` as for :meth:`observe`)."""
+        m = self._models.get(model)
+        return m is not None and m.look_again(now, out)
 
     def sending(self, model: str | None, at: float) -> None:
         """A call to ``model`` goes at ``at`` (the clock ``observe``'s ``now`` reads)."""
