@@ -102,11 +102,14 @@ class _Latencies:
         self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p) if trusted else None
 
     def look_again(self, now: float, out: Collection[float]) -> bool:
-        """Whether the percentile held back (OUT_SHARE) is trusted now, with no new reply.
-        Once the calls still out all went over _SPAN x p ago, none of them is a burst's
-        slower half still to come: they are hangs, and only a reply looked again before."""
+        """Whether the percentile held back (OUT_SHARE) is trusted now, with no new reply:
+        the calls still out went over _SPAN x p ago, and are at most one in twenty of them
+        and the window's replies. A few hangs, not a slower share of a burst (20 answered
+        fast, 40 still out: the reply that comes next is the one to look again)."""
         p = self._p
         if self.timeout_s is not None or p is None or self._still_out(now, p, out) > OUT_SHARE:
+            return False
+        if len(out) > OUT_SHARE * (len(self._samples) + len(out)):
             return False
         self.timeout_s = max(self._rule.floor_s, self._rule.multiple * p)
         return True
