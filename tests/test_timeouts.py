@@ -194,3 +194,40 @@ def test_a_long_tail_is_not_cut() -> None:
     sent = [i / 200 for i in range(12_000)]
     _, cut, _ = _run(sent, [rng.expovariate(1 / 3) for _ in sent], until=sent[-1] + 60)
     assert cut == 0
+
+
+def _held_back(out: int) -> tuple[Timeouts, list[float]]:
+    """60 replies of 10 ms at t=0 (p99 0.01 s), then ten calls sent at t=1, ``out`` of them
+    still out and the rest answered, and a reply that takes the timeout back (OUT_SHARE)."""
+    t = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
+    for i in range(60):
+        t.sending("m", i / 6000)
+        t.observe("m", 0.01, now=i / 6000 + 0.01)
+    assert t.learned_s("m") == FLOOR_S
+    for _ in range(10):
+        t.sending("m", 1.0)
+    out_at = [1.0] * out
+    for _ in range(10 - out):
+        t.observe("m", 0.01, now=1.011, out=out_at)
+    assert t.learned_s("m") is None  # (3 of the 10 sent 0.9-10 p99 ago: over one in twenty)
+    return t, out_at
+
+
+def test_a_timeout_held_back_by_a_few_hangs_is_trusted_again_with_no_reply() -> None:
+    """Three of 70 calls out (the last reply gone): trusted once they went 10 x the p99 ago,
+    not before, with no reply needed (aiq.timed_calls' sweep asks)."""
+    t, out = _held_back(3)
+    assert not t.look_again("m", now=1.05, out=out)  # (went 5 p99 ago: a burst's still)
+    assert t.learned_s("m") is None
+    assert t.look_again("m", now=1.2, out=out)
+    assert t.learned_s("m") == FLOOR_S
+
+
+@pytest.mark.parametrize("out", [4, 7])
+def test_a_slower_share_out_keeps_the_timeout_held_back(out: int) -> None:
+    """Four or seven of 70 calls out: over one in twenty of the calls seen, a slower share of
+    the batch, not hangs; their own replies will say. However long ago they went."""
+    t, out_at = _held_back(out)
+    for now in (1.2, 5.0, 60.0):
+        assert not t.look_again("m", now=now, out=out_at)
+    assert t.learned_s("m") is None
