@@ -407,9 +407,12 @@ def test_a_one_slot_server_queues_the_rest() -> None:
     assert all(b - a >= 0.09 for a, b in itertools.pairwise(settled))  # served one by one
     assert not any(r.status == 429 for r in server.requests)
     with FakeServer(limit_mode=Headerless(slots=4), latency_s=0.1) as wide:
-        took = asyncio.run(_post_many(wide.base_url, 4))
+        asyncio.run(_post_many(wide.base_url, 4))
         assert wide.max_in_flight == 4
-    assert max(took) < 0.35
+    # Served together (one by one: 0.27 s apart at least), on the server's clock: the
+    # client's, under CI's load, once had all four start 0.28 s late (0.377 s each).
+    settled = sorted(r.monotonic for r in wide.requests)
+    assert settled[-1] - settled[0] < 0.2, settled
 
 
 # -- g. another client on the same key ------------------------------------------------------------
