@@ -309,25 +309,33 @@ def test_a_hang_at_the_tail_among_alike_replies_is_cut_at_twice_the_slowest() ->
     assert 2 <= took < 2 + (_SWEEP_S + 0.1) / 0.1, took
 
 
-def _after_warmup(burst_s: float, n: int = 30) -> list[float | None]:
-    """40 calls answered in 50 ms teach the timeout (its floor), then ``n`` go at once, each
-    answered in ``burst_s``; mid-run (more waits to be sent). How long each of those was out
-    when cut (None: answered)."""
-    provider = _Sleeper({b"burst": burst_s}, 0.05)
+def _warmed(
+    provider: _Sleeper, rounds: int, last: list[Job], pause_s: float = 0.0
+) -> list[float | None]:
+    """``rounds`` of ten calls teach the timeout (its floor); ``pause_s`` later, ``last`` go
+    at once, mid-run (more waits to be sent). How long each of those was out when cut
+    (None: answered)."""
 
     async def main() -> list[float | None]:
         timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
         timed = TimedCalls(timeouts, max_attempts=5)
         call = partial(_call, timed, provider)
-        for k in range(4):
+        for k in range(rounds):
             await asyncio.gather(*map(call, _jobs(10, 100 + 10 * k)))
         assert timeouts.learned_s("m") == FLOOR_S
+        await asyncio.sleep(pause_s)
         try:
-            return await asyncio.gather(*map(call, _jobs(n, 1, b"burst")))
+            return await asyncio.gather(*map(call, last))
         finally:
             timed.close()
 
     return asyncio.run(main())
+
+
+def _after_warmup(burst_s: float, n: int = 30) -> list[float | None]:
+    """40 calls answered in 50 ms teach the timeout, then ``n`` go at once, each answered in
+    ``burst_s``."""
+    return _warmed(_Sleeper({b"burst": burst_s}, 0.05), 4, _jobs(n, 1, b"burst"))
 
 
 def test_a_provider_slowing_down_mid_run_is_not_cut() -> None:
@@ -354,21 +362,8 @@ def test_hangs_that_took_the_timeout_back_are_cut_when_no_reply_comes() -> None:
     were waited out (a loaded suite: test_hangs_are_cut_in_seconds_and_counted's 30 s hangs,
     31 s). (Under load the timeout may never be taken back: then the floor cuts them too.)"""
     provider = _Sleeper({b"hang": 5.0}, 0.01)
-
-    async def main() -> list[float | None]:
-        timeouts = Timeouts(ceiling_s=600, rule=TimeoutRule(min_samples=5))
-        timed = TimedCalls(timeouts, max_attempts=5)
-        call = partial(_call, timed, provider)
-        for k in range(6):
-            await asyncio.gather(*map(call, _jobs(10, 100 + 10 * k)))
-        assert timeouts.learned_s("m") == FLOOR_S
-        await asyncio.sleep(1.0)  # (out of the span the calls out are weighed against)
-        try:
-            return await asyncio.gather(*map(call, _jobs(3, 1, b"hang") + _jobs(7, 200)))
-        finally:
-            timed.close()
-
-    took = asyncio.run(main())
+    # (A second's pause: the sixty out of the span the calls out are weighed against.)
+    took = _warmed(provider, 6, _jobs(3, 1, b"hang") + _jobs(7, 200), pause_s=1.0)
     assert took[3:] == [None] * 7
     # (Past the floor by then: cut at it, a sweep late, and a loaded loop's stall.)
     assert all(t is not None and FLOOR_S <= t < FLOOR_S + _SWEEP_S + 0.5 for t in took[:3]), took
