@@ -92,7 +92,8 @@ class Run:
     returncode: int | None = None  # None: stopped, too slow
     done: int = 0
     stopped_s: float | None = None  # the sending time it was stopped at
-    max_in_flight: int = 0
+    max_in_flight: int = 0  # at the server: admitted and not yet answered
+    sent_at_once: int = 0  # aiq's own count (its summary): sent and not yet read, 429s too
 
     @property
     def admitted(self) -> list[float]:
@@ -524,7 +525,9 @@ def _run(tmp_path: Path, case: Case, told: bool, efficiency: float = EFFICIENCY)
     if run.stopped_s is None:
         run.returncode = proc.returncode
         if proc.returncode == 0:
-            run.done = json.loads(out)["status"]["counts"]["done"]
+            summary = json.loads(out)
+            run.done = summary["status"]["counts"]["done"]
+            run.sent_at_once = summary["max_in_flight"]
     else:  # what it had finished when stopped
         run.done = len({r.prompt for r in run.posts if r.status == 200})
     return run
@@ -578,12 +581,15 @@ def test_aiq_meets_every_way_of_counting(tmp_path: Path, name: str, how: str) ->
     finished = run.returncode == 0 and run.done == run.jobs
     assert finished, said
     if case.unseen and not run.told:
-        # The server says nothing before its first 429: the requests in flight by the time
-        # aiq has it are refused with it (that round: one latency and aiq's own time to
-        # read it). After that, 1% as everywhere, or the probes of a guessed turn.
+        # The server says nothing before its first 429: the requests aiq has out by the time
+        # it reads it are refused with it (that round: one latency and aiq's own time to read
+        # it), and where the 429 names a wait one more, the pause's test of a full server
+        # (aiq.full_test). aiq's count, not the server's: those sent before it read the first
+        # 429 but still on the way are out too, and a loaded machine has more of them (CI: 50
+        # refused at 49 held by the server). After that, 1%, or the probes of a guessed turn.
         later = run.refused_after(case.latency_s + FIRST_ROUND_S)
-        said += f", {later} of the 429s after the first round"
-        assert run.refused - later <= run.max_in_flight, said
+        said += f", {later} of the 429s after the first round, aiq's most out {run.sent_at_once}"
+        assert run.refused - later <= run.sent_at_once + 1, said
         later_share = FLOOR_SHARE_429 if intermittent else SHARE_429
         assert later <= max(PROBES, later_share * len(run.posts)), said
     else:
