@@ -13,6 +13,11 @@ memory.
     .venv/bin/python bench/concurrency.py                      # every scenario
     .venv/bin/python bench/concurrency.py --scenarios high-tier
     .venv/bin/python bench/concurrency.py --src /tmp/base/src   # another checkout, for A/B
+    .venv/bin/python bench/concurrency.py --scenarios hang --fault-seeds 0 1 2 3 4 5 6 7 8 9
+
+Which attempts hang is drawn by the fake from each prompt and its seed: one seed is one draw,
+and a hang among a run's last sends (about one draw in two) costs it ~0.25 s of ~2.1, so the
+hang row is read over several seeds (``--fault-seeds``).
 """
 
 from __future__ import annotations
@@ -40,10 +45,12 @@ API_KEY = "sk-test"
 class SpreadServer(FakeServer):
     """A FakeServer whose latency is drawn for each request: uniform in mean ± spread."""
 
-    def __init__(self, *, mean_s: float, spread_s: float, seed: int = 0, **knobs: object) -> None:
+    def __init__(
+        self, *, mean_s: float, spread_s: float, seed: int = 0, fault_seed: int = 0, **knobs: object
+    ) -> None:
         self._mean_s, self._spread_s = mean_s, spread_s
         self._rng = random.Random(seed)
-        super().__init__(**knobs)
+        super().__init__(seed=fault_seed, **knobs)  # (which prompts' attempts hang)
 
     @property
     def latency_s(self) -> float:  # read once per request by the handler
@@ -111,7 +118,7 @@ SCENARIOS = {
 }
 
 
-def run(name: str, s: Scenario, src: Path = ROOT / "src") -> dict[str, object]:
+def run(name: str, s: Scenario, src: Path = ROOT / "src", fault_seed: int = 0) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "p.jsonl"
         path.write_text(
@@ -131,7 +138,9 @@ def run(name: str, s: Scenario, src: Path = ROOT / "src") -> dict[str, object]:
             knobs["max_parallel"] = s.max_parallel
         if s.hang_rate:
             knobs.update(hang_rate=s.hang_rate, hang_s=30.0)
-        with SpreadServer(mean_s=s.mean_s, spread_s=s.spread_s, seed=s.seed, **knobs) as server:
+        with SpreadServer(
+            mean_s=s.mean_s, spread_s=s.spread_s, seed=s.seed, fault_seed=fault_seed, **knobs
+        ) as server:
             told = s.rpm and not s.learned
             flags = [*s.aiq_flags, *(("--rpm", str(s.rpm)) if told else ())]
             db = str(Path(tmp) / "aiq.db")
@@ -164,6 +173,7 @@ def run(name: str, s: Scenario, src: Path = ROOT / "src") -> dict[str, object]:
     run_s = max(replied) - arrived[0]
     return {
         "scenario": name,
+        **({"fault_seed": fault_seed} if s.hang_rate else {}),
         "wall_s": round(wall_s, 1),
         "least_s": round(least_s, 1),
         "efficiency": round(least_s / wall_s, 3),
@@ -186,9 +196,18 @@ def main() -> None:
     parser.add_argument(
         "--src", type=Path, default=ROOT / "src", help="aiq from another checkout's src/ (A/B)"
     )
+    parser.add_argument(
+        "--fault-seeds",
+        type=int,
+        nargs="*",
+        default=[0],
+        help="the fake's seeds for which attempts hang: one run of each hang scenario per seed",
+    )
     args = parser.parse_args()
     for name in args.scenarios:
-        print(json.dumps(run(name, SCENARIOS[name], args.src)), flush=True)
+        s = SCENARIOS[name]
+        for seed in args.fault_seeds if s.hang_rate else [0]:
+            print(json.dumps(run(name, s, args.src, seed)), flush=True)
 
 
 if __name__ == "__main__":
